@@ -1,0 +1,374 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config holds the JetStream layout of one matbus installation. The zero
+// value of every field means its documented default.
+type Config struct {
+	// Prefix is the first subject token(s); default "mat".
+	Prefix string
+	// Source names this process in the envelope's "source" attribute, e.g. "worker/pod-a".
+	Source string
+	// Replicas of every stream; default 1.
+	Replicas int
+	// Memory keeps streams in memory instead of files (tests, `matbus dev`).
+	Memory bool
+	// DuplicateWindow is how long JetStream remembers Nats-Msg-Id values; default 2 min.
+	DuplicateWindow time.Duration
+	// ErrorMaxAge and ErrorMaxBytes bound the error stream; defaults 24 h and 64 MiB.
+	ErrorMaxAge   time.Duration
+	ErrorMaxBytes int64
+	// SyncJobsPerInstance is how many sync jobs one instance may have
+	// waiting (older ones are dropped: a sync is level-triggered); default 2.
+	SyncJobsPerInstance int64
+	// AckWait is how long a delivered job may stay unacknowledged before
+	// redelivery; handlers send progress more often. Default 30 s.
+	AckWait time.Duration
+	// MaxDeliver bounds deliveries of one job; default 5. The last failed
+	// delivery produces an error event and the job is terminated.
+	MaxDeliver int
+	// MaxAckPending bounds jobs in flight per durable consumer over all
+	// workers; default 512.
+	MaxAckPending int
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Source == "" {
+		c.Source = "matbus"
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = 2 * time.Minute
+	}
+	if c.ErrorMaxAge == 0 {
+		c.ErrorMaxAge = 24 * time.Hour
+	}
+	if c.ErrorMaxBytes == 0 {
+		c.ErrorMaxBytes = 64 << 20
+	}
+	if c.SyncJobsPerInstance == 0 {
+		c.SyncJobsPerInstance = 2
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 30 * time.Second
+	}
+	if c.MaxDeliver == 0 {
+		c.MaxDeliver = 5
+	}
+	if c.MaxAckPending == 0 {
+		c.MaxAckPending = 512
+	}
+	return c
+}
+
+// Durable consumer names shared by all workers.
+const (
+	SyncConsumer   = "matbus-sync"
+	DeleteConsumer = "matbus-delete"
+)
+
+// Bus is matbus's handle on JetStream: layout, publishing and reads of the
+// instance stream. It is safe for concurrent use.
+type Bus struct {
+	JS       jetstream.JetStream
+	Subjects Subjects
+	cfg      Config
+	log      *slog.Logger
+}
+
+// New returns a Bus on nc. It returns an error for an invalid prefix.
+func New(nc *nats.Conn, cfg Config, log *slog.Logger) (*Bus, error) {
+	cfg = cfg.withDefaults()
+	if err := ValidatePrefix(cfg.Prefix); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("events: jetstream: %w", err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Bus{JS: js, Subjects: Subjects{Prefix: cfg.Prefix}, cfg: cfg, log: log}, nil
+}
+
+// Config returns the effective configuration (defaults filled in).
+func (b *Bus) Config() Config { return b.cfg }
+
+// StreamName returns the stream name for a role ("INSTANCES", "SYNC",
+// "DELETE", "ERRORS") under this bus's prefix, e.g. "MAT_SYNC".
+func (b *Bus) StreamName(role string) string {
+	p := strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(b.cfg.Prefix))
+	return p + "_" + role
+}
+
+// StreamConfigs returns the four stream configurations:
+// instances (last message per subject), sync and clean-up jobs (work queue,
+// SyncJobsPerInstance per subject), delete jobs (work queue) and errors
+// (limits: ErrorMaxAge, ErrorMaxBytes).
+func (b *Bus) StreamConfigs() []jetstream.StreamConfig {
+	st := jetstream.FileStorage
+	if b.cfg.Memory {
+		st = jetstream.MemoryStorage
+	}
+	s := b.Subjects
+	return []jetstream.StreamConfig{
+		{
+			Name: b.StreamName("INSTANCES"), Description: "matbus: current MAT instances, last event per instance",
+			Subjects: []string{s.Instances()}, Retention: jetstream.LimitsPolicy, MaxMsgsPerSubject: 1,
+			Discard: jetstream.DiscardOld, Storage: st, Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
+		},
+		{
+			Name: b.StreamName("SYNC"), Description: "matbus: sync and clean-up jobs, each to one worker",
+			Subjects: []string{s.SyncJobs(), s.CleanupJobs()}, Retention: jetstream.WorkQueuePolicy,
+			MaxMsgsPerSubject: b.cfg.SyncJobsPerInstance, Discard: jetstream.DiscardOld,
+			Storage: st, Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
+		},
+		{
+			Name: b.StreamName("DELETE"), Description: "matbus: Service delete jobs, each to one worker",
+			Subjects: []string{s.DeleteJobs()}, Retention: jetstream.WorkQueuePolicy,
+			Discard: jetstream.DiscardOld, Storage: st, Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
+		},
+		{
+			Name: b.StreamName("ERRORS"), Description: "matbus: error events for operators",
+			Subjects: []string{s.Errors()}, Retention: jetstream.LimitsPolicy, MaxAge: b.cfg.ErrorMaxAge,
+			MaxBytes: b.cfg.ErrorMaxBytes, Discard: jetstream.DiscardOld, Storage: st,
+			Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
+		},
+	}
+}
+
+// EnsureStreams creates every stream that is missing and updates those
+// whose settings differ from StreamConfigs. A stream already as wanted is
+// left untouched, so many processes may call it at once.
+func (b *Bus) EnsureStreams(ctx context.Context) error {
+	for _, want := range b.StreamConfigs() {
+		if err := b.ensureStream(ctx, want); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
+	s, err := b.JS.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = b.JS.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return nil // another process won the race
+		}
+		if err != nil {
+			return fmt.Errorf("events: create stream %s: %w", want.Name, err)
+		}
+		b.log.Info("stream created", "stream", want.Name)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("events: look up stream %s: %w", want.Name, err)
+	}
+	have := s.CachedInfo().Config
+	if streamSame(have, want) {
+		return nil
+	}
+	if _, err := b.JS.UpdateStream(ctx, want); err != nil {
+		return fmt.Errorf("events: update stream %s: %w", want.Name, err)
+	}
+	b.log.Info("stream updated", "stream", want.Name)
+	return nil
+}
+
+func streamSame(a, b jetstream.StreamConfig) bool {
+	return slices.Equal(a.Subjects, b.Subjects) && a.Retention == b.Retention &&
+		a.MaxMsgsPerSubject == b.MaxMsgsPerSubject && a.MaxAge == b.MaxAge && a.MaxBytes == b.MaxBytes &&
+		a.Discard == b.Discard && a.Storage == b.Storage && a.Replicas == b.Replicas &&
+		a.Duplicates == b.Duplicates && a.Description == b.Description
+}
+
+// ConsumerConfig returns the durable pull consumer configuration for
+// SyncConsumer or DeleteConsumer.
+func (b *Bus) ConsumerConfig(name string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "matbus workers share these jobs",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckWait:       b.cfg.AckWait,
+		MaxDeliver:    b.cfg.MaxDeliver,
+		MaxAckPending: b.cfg.MaxAckPending,
+	}
+}
+
+// EnsureConsumer returns the durable pull consumer name (SyncConsumer or
+// DeleteConsumer), creating or updating it when missing or different. It
+// returns an error wrapping jetstream.ErrStreamNotFound when its stream is gone.
+func (b *Bus) EnsureConsumer(ctx context.Context, name string) (jetstream.Consumer, error) {
+	stream := b.StreamName("SYNC")
+	if name == DeleteConsumer {
+		stream = b.StreamName("DELETE")
+	}
+	want := b.ConsumerConfig(name)
+	c, err := b.JS.Consumer(ctx, stream, name)
+	if err == nil {
+		have := c.CachedInfo().Config
+		if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
+			have.MaxAckPending == want.MaxAckPending && have.AckPolicy == want.AckPolicy {
+			return c, nil
+		}
+		c, err = b.JS.UpdateConsumer(ctx, stream, want)
+		if err != nil {
+			return nil, fmt.Errorf("events: update consumer %s: %w", name, err)
+		}
+		return c, nil
+	}
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("events: look up consumer %s on %s: %w", name, stream, err)
+	}
+	c, err = b.JS.CreateOrUpdateConsumer(ctx, stream, want)
+	if err != nil {
+		return nil, fmt.Errorf("events: create consumer %s on %s: %w", name, stream, err)
+	}
+	b.log.Info("consumer created", "stream", stream, "consumer", name)
+	return c, nil
+}
+
+// Publish encodes data as an event of typ and publishes it on subject with
+// Nats-Msg-Id id, so a re-published event within DuplicateWindow is stored
+// once. Transient failures (no responders while the server restarts,
+// timeouts, a missing stream which it then re-creates) are retried with
+// exponential backoff until ctx ends or 30 s have passed. It returns the
+// last error, wrapped.
+func (b *Bus) Publish(ctx context.Context, subject string, typ Type, id string, data any) error {
+	body, err := Encode(typ, id, b.cfg.Source, time.Now(), data)
+	if err != nil {
+		return err
+	}
+	return b.PublishRaw(ctx, subject, id, body)
+}
+
+// PublishRaw publishes an already encoded body; see Publish.
+func (b *Bus) PublishRaw(ctx context.Context, subject, id string, body []byte) error {
+	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond),
+		backoff.WithMaxInterval(3*time.Second), backoff.WithMaxElapsedTime(30*time.Second))
+	attempt := 0
+	op := func() error {
+		attempt++
+		opts := []jetstream.PublishOpt{}
+		if id != "" {
+			opts = append(opts, jetstream.WithMsgID(id))
+		}
+		_, err := b.JS.Publish(ctx, subject, body, opts...)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return backoff.Permanent(err)
+		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
+			// The stream may be gone (server lost its store): put it back.
+			if serr := b.EnsureStreams(ctx); serr != nil {
+				b.log.Debug("ensure streams after publish failure", "error", serr)
+			}
+		}
+		b.log.Debug("publish retry", "subject", subject, "attempt", attempt, "error", err)
+		return err
+	}
+	if err := backoff.Retry(op, backoff.WithContext(bo, ctx)); err != nil {
+		return fmt.Errorf("events: publish %s (%d attempts): %w", subject, attempt, err)
+	}
+	return nil
+}
+
+// InstanceRecord is the last event stored for one instance subject.
+type InstanceRecord struct {
+	Type     Type // TypeInstanceAppeared or TypeInstanceGone
+	Instance Instance
+	Seq      uint64
+	Time     time.Time
+}
+
+// Present reports whether the instance currently exists.
+func (r InstanceRecord) Present() bool { return r.Type == TypeInstanceAppeared }
+
+// LastInstance reads the current record of instance key straight from the
+// instances stream (the lister of this system). found is false when the
+// instance was never announced. A stored message that does not decode is
+// returned as an error wrapping ErrMalformed (or ErrUnknownSchema/ErrUnknownType).
+func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord, found bool, err error) {
+	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	if err != nil {
+		return rec, false, fmt.Errorf("events: instances stream: %w", err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, b.Subjects.Instance(key))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return rec, false, nil
+	}
+	if err != nil {
+		return rec, false, fmt.Errorf("events: read instance %s: %w", key, err)
+	}
+	rec, err = decodeInstanceRecord(m.Data)
+	rec.Seq, rec.Time = m.Sequence, m.Time
+	return rec, err == nil, err
+}
+
+func decodeInstanceRecord(body []byte) (InstanceRecord, error) {
+	env, err := Decode(body)
+	if err != nil {
+		return InstanceRecord{}, err
+	}
+	inst, err := Into[Instance](env, TypeInstanceAppeared, TypeInstanceGone)
+	if err != nil {
+		return InstanceRecord{}, err
+	}
+	return InstanceRecord{Type: env.Type, Instance: inst}, nil
+}
+
+// Instances returns the current record of every instance subject, keyed by
+// instance key. Records that do not decode are skipped and their keys
+// returned in bad, so the caller can report them.
+func (b *Bus) Instances(ctx context.Context) (recs map[string]InstanceRecord, bad []string, err error) {
+	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	if err != nil {
+		return nil, nil, fmt.Errorf("events: instances stream: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.Instances()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("events: instances stream info: %w", err)
+	}
+	recs = make(map[string]InstanceRecord, len(info.State.Subjects))
+	for subj := range info.State.Subjects {
+		m, err := s.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("events: read %s: %w", subj, err)
+		}
+		key := strings.TrimPrefix(subj, b.Subjects.p()+".instances.")
+		rec, err := decodeInstanceRecord(m.Data)
+		if err != nil {
+			bad = append(bad, key)
+			continue
+		}
+		rec.Seq, rec.Time = m.Sequence, m.Time
+		recs[key] = rec
+	}
+	slices.Sort(bad)
+	return recs, bad, nil
+}

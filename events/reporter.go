@@ -1,0 +1,95 @@
+package events
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nuid"
+)
+
+// Reporter turns failures into a log line and an error event on
+// <prefix>.errors.<kind>. Events for the same kind and target (instance,
+// Service, URL, subject) are rate limited to one per Window; the next one
+// published carries the count of those suppressed. Logging never waits on
+// NATS: a failed publish is logged and dropped.
+type Reporter struct {
+	bus    *Bus
+	log    *slog.Logger
+	worker string
+	window time.Duration
+	now    func() time.Time
+
+	mu   sync.Mutex
+	last map[string]*rateEntry
+}
+
+type rateEntry struct {
+	at         time.Time
+	suppressed int
+}
+
+// NewReporter returns a Reporter publishing through bus (nil: log only).
+// worker names this process in every event; window is the rate-limit
+// window per target (0 means 30 s, negative disables the limit).
+func NewReporter(bus *Bus, log *slog.Logger, worker string, window time.Duration) *Reporter {
+	if window == 0 {
+		window = 30 * time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reporter{bus: bus, log: log, worker: worker, window: window, now: time.Now, last: map[string]*rateEntry{}}
+}
+
+// Report logs e (warn level for close errors, error level otherwise) and
+// publishes it unless the rate limit suppresses it. It reports whether the
+// event was published. The publish uses its own 5 s timeout, detached from
+// ctx's cancellation so a failure seen during shutdown is still recorded.
+func (r *Reporter) Report(ctx context.Context, e Error) bool {
+	if e.Worker == "" {
+		e.Worker = r.worker
+	}
+	level := slog.LevelError
+	if e.Kind == ErrorClose {
+		level = slog.LevelWarn
+	}
+	r.log.Log(ctx, level, "failure", "kind", e.Kind, "instance", e.Instance, "service", e.Service,
+		"url", e.URL, "subject", e.Subject, "permanent", e.Permanent, "attempts", e.Attempts, "error", e.Message)
+
+	key := string(e.Kind) + "|" + e.Instance + "|" + e.Service + "|" + e.URL + "|" + e.Subject
+	now := r.now()
+	r.mu.Lock()
+	ent := r.last[key]
+	if r.window > 0 && ent != nil && now.Sub(ent.at) < r.window {
+		ent.suppressed++
+		r.mu.Unlock()
+		return false
+	}
+	if ent == nil {
+		ent = &rateEntry{}
+		r.last[key] = ent
+	}
+	e.Suppressed, ent.suppressed, ent.at = ent.suppressed, 0, now
+	// Forget old entries now and then so the map stays small.
+	if len(r.last) > 4096 {
+		for k, v := range r.last {
+			if now.Sub(v.at) > r.window {
+				delete(r.last, k)
+			}
+		}
+	}
+	r.mu.Unlock()
+
+	if r.bus == nil {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := r.bus.Publish(pctx, r.bus.Subjects.Error(e.Kind), TypeError, "err-"+nuid.Next(), e); err != nil {
+		r.log.Warn("error event not published", "kind", e.Kind, "error", err)
+		return false
+	}
+	return true
+}

@@ -1,0 +1,251 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+)
+
+// SchemaVersion is the envelope schema this build writes and accepts.
+// An event with any other "schema" value is rejected with ErrUnknownSchema.
+const SchemaVersion = 1
+
+// Type names what an event carries; it picks the Go type of Envelope.Data.
+type Type string
+
+// Event and job types. The names follow the CloudEvents reverse-DNS style.
+const (
+	TypeInstanceAppeared Type = "io.matbus.instance.appeared" // data: Instance
+	TypeInstanceGone     Type = "io.matbus.instance.gone"     // data: Instance
+	TypeSyncJob          Type = "io.matbus.job.sync"          // data: SyncJob
+	TypeCleanupJob       Type = "io.matbus.job.cleanup"       // data: CleanupJob
+	TypeDeleteJob        Type = "io.matbus.job.delete"        // data: DeleteJob
+	TypeError            Type = "io.matbus.error"             // data: Error
+)
+
+// Sentinel errors of Decode and Envelope.Into; callers tell them apart with errors.Is.
+var (
+	ErrMalformed     = errors.New("events: malformed event")
+	ErrUnknownSchema = errors.New("events: unknown schema version")
+	ErrUnknownType   = errors.New("events: unknown event type")
+	ErrWrongType     = errors.New("events: unexpected event type")
+)
+
+// Envelope is the JSON object every matbus message carries. The attribute
+// names follow CloudEvents (id, source, type, time) plus "schema", the
+// matbus envelope version. Data holds the type-specific payload.
+type Envelope struct {
+	Schema int             `json:"schema"`
+	Type   Type            `json:"type"`
+	ID     string          `json:"id"`
+	Time   time.Time       `json:"time"`
+	Source string          `json:"source"`
+	Data   json.RawMessage `json:"data"`
+}
+
+// Instance is a discovered MAT instance: the payload of appeared and gone events.
+type Instance struct {
+	// Key is "<namespace>.<name>" of the discovered Service (or static entry).
+	Key string `json:"key"`
+	// URL is the base URL of the instance's MAT API (e.g. "https://10.0.0.5:1266").
+	URL string `json:"url"`
+	// PodName is set for instances of multi-pod deployments.
+	PodName string `json:"pod_name,omitempty"`
+	// Owner is the name of the MAT Deployment in the instance's namespace
+	// (the discovered Service name without "-bmc-mock"); "" when there is none.
+	Owner string `json:"owner,omitempty"`
+	// Scope names the discovery source that reported the instance (e.g.
+	// "k8s:mat-system:nvidia-infra-controller/mat-service=true" or "static:dev").
+	// A publisher only ever reports instances of its own scope as gone.
+	Scope string `json:"scope"`
+	// Version changes whenever the source's object changes (Kubernetes
+	// resourceVersion, or a content hash for static sources).
+	Version string `json:"version,omitempty"`
+}
+
+// SyncJob asks one worker to converge the Services of one instance.
+type SyncJob struct {
+	Key string `json:"key"`
+	// Reason is "start", "appeared" or "tick"; informational only.
+	Reason string `json:"reason"`
+}
+
+// CleanupJob asks one worker to fan out delete jobs for every Service of an
+// instance that is gone.
+type CleanupJob struct {
+	Key   string `json:"key"`
+	Scope string `json:"scope"`
+}
+
+// DeleteJob asks one worker to delete one Service.
+type DeleteJob struct {
+	// Key is the instance the Service belongs to.
+	Key string `json:"key"`
+	// Namespace and Name locate the Service.
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// UID is sent as the delete precondition: a Service re-created under
+	// the same name has another UID and is never removed by this job.
+	UID string `json:"uid"`
+	// MatID is the device the Service was built for, "" when unknown.
+	MatID string `json:"mat_id,omitempty"`
+	// Reason is "stale" (device gone from the status) or "gone" (instance gone).
+	Reason string `json:"reason"`
+}
+
+// ErrorKind is the last token of an error subject.
+type ErrorKind string
+
+// Kinds of error events (subject <prefix>.errors.<kind>).
+const (
+	ErrorDelete    ErrorKind = "delete"
+	ErrorFetch     ErrorKind = "fetch"
+	ErrorCreate    ErrorKind = "create"
+	ErrorUpdate    ErrorKind = "update"
+	ErrorClose     ErrorKind = "close"
+	ErrorEvent     ErrorKind = "event"
+	ErrorDiscovery ErrorKind = "discovery"
+	ErrorPlan      ErrorKind = "plan"
+)
+
+// ErrorKinds lists every ErrorKind.
+var ErrorKinds = []ErrorKind{ErrorDelete, ErrorFetch, ErrorCreate, ErrorUpdate, ErrorClose, ErrorEvent, ErrorDiscovery, ErrorPlan}
+
+// Error is the payload of an error event: one failure, with enough context
+// for an operator to find the instance, Service or message involved.
+type Error struct {
+	Kind     ErrorKind `json:"kind"`
+	Instance string    `json:"instance,omitempty"`
+	URL      string    `json:"url,omitempty"`
+	Service  string    `json:"service,omitempty"` // "<namespace>/<name>"
+	MatID    string    `json:"mat_id,omitempty"`
+	Subject  string    `json:"subject,omitempty"` // the message subject that failed, for event errors
+	Message  string    `json:"message"`
+	// Permanent is true when retrying cannot help (403, invalid object, bad payload).
+	Permanent bool `json:"permanent"`
+	// Attempts is how many tries were made (deliveries or backoff attempts).
+	Attempts int `json:"attempts,omitempty"`
+	// Suppressed counts earlier events of the same kind and target that
+	// were not published because of the rate limit.
+	Suppressed int `json:"suppressed,omitempty"`
+	// Worker names the process that saw the failure.
+	Worker string `json:"worker,omitempty"`
+}
+
+// Decode parses one message body into an Envelope. It returns an error
+// wrapping ErrMalformed for invalid JSON, trailing data or missing
+// attributes, ErrUnknownSchema for a schema version other than
+// SchemaVersion, and ErrUnknownType for a type this build does not know.
+func Decode(body []byte) (Envelope, error) {
+	var env Envelope
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&env); err != nil {
+		return Envelope{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if dec.More() {
+		return Envelope{}, fmt.Errorf("%w: trailing data after the JSON object", ErrMalformed)
+	}
+	if env.Schema != SchemaVersion {
+		return Envelope{}, fmt.Errorf("%w: %d (this build reads %d)", ErrUnknownSchema, env.Schema, SchemaVersion)
+	}
+	switch env.Type {
+	case TypeInstanceAppeared, TypeInstanceGone, TypeSyncJob, TypeCleanupJob, TypeDeleteJob, TypeError:
+	case "":
+		return Envelope{}, fmt.Errorf("%w: no type", ErrMalformed)
+	default:
+		return Envelope{}, fmt.Errorf("%w: %q", ErrUnknownType, env.Type)
+	}
+	if env.ID == "" {
+		return Envelope{}, fmt.Errorf("%w: no id", ErrMalformed)
+	}
+	if len(env.Data) == 0 || string(env.Data) == "null" {
+		return Envelope{}, fmt.Errorf("%w: no data", ErrMalformed)
+	}
+	return env, nil
+}
+
+// Encode builds the envelope for data and marshals it. id must be unique per
+// event (it becomes the JetStream Nats-Msg-Id); source names the sender.
+func Encode(typ Type, id, source string, now time.Time, data any) ([]byte, error) {
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return nil, fmt.Errorf("events: encode %s data: %w", typ, err)
+	}
+	return json.Marshal(Envelope{Schema: SchemaVersion, Type: typ, ID: id, Time: now.UTC(), Source: source, Data: raw})
+}
+
+// validator is implemented by payload types that check their own fields.
+type validator interface{ validate() error }
+
+// Into decodes env.Data into T after checking that env.Type is one of want.
+// It returns an error wrapping ErrWrongType or ErrMalformed (bad data or
+// invalid fields, e.g. a key that is not "<namespace>.<name>").
+func Into[T any](env Envelope, want ...Type) (T, error) {
+	var v T
+	ok := len(want) == 0
+	for _, w := range want {
+		ok = ok || env.Type == w
+	}
+	if !ok {
+		return v, fmt.Errorf("%w: got %q, want %v", ErrWrongType, env.Type, want)
+	}
+	dec := json.NewDecoder(bytes.NewReader(env.Data))
+	if err := dec.Decode(&v); err != nil {
+		return v, fmt.Errorf("%w: %s data: %v", ErrMalformed, env.Type, err)
+	}
+	if val, ok := any(&v).(validator); ok {
+		if err := val.validate(); err != nil {
+			return v, fmt.Errorf("%w: %s data: %v", ErrMalformed, env.Type, err)
+		}
+	}
+	return v, nil
+}
+
+func (i *Instance) validate() error {
+	if err := ValidateKey(i.Key); err != nil {
+		return err
+	}
+	if i.Scope == "" {
+		return errors.New("instance has no scope")
+	}
+	return ValidateURL(i.URL)
+}
+
+// ValidateURL checks a MAT base URL as carried in events: absolute http or
+// https with a host, no user info, query or fragment.
+func ValidateURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("url %q: %w", raw, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("url %q: scheme must be http or https", raw)
+	}
+	if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("url %q: needs a host and no user info, query or fragment", raw)
+	}
+	return nil
+}
+
+func (j *SyncJob) validate() error    { return ValidateKey(j.Key) }
+func (j *CleanupJob) validate() error { return ValidateKey(j.Key) }
+
+func (j *DeleteJob) validate() error {
+	if err := ValidateKey(j.Key); err != nil {
+		return err
+	}
+	if j.Namespace == "" || j.Name == "" || j.UID == "" {
+		return errors.New("delete job needs namespace, name and uid")
+	}
+	return nil
+}
+
+func (e *Error) validate() error {
+	if e.Kind == "" || e.Message == "" {
+		return errors.New("error event needs kind and message")
+	}
+	return nil
+}
