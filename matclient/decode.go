@@ -1,0 +1,576 @@
+package matclient
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"unicode/utf8"
+)
+
+// ErrInvalidStatus is wrapped by every error Decode (and so Client.Status)
+// returns for a body that is not a valid MAT `GET /machines/status`
+// document. Such an error is permanent: fetching the same body again gives
+// the same error (IsTransient reports false).
+var ErrInvalidStatus = errors.New("matclient: invalid status")
+
+// DecodeError is the concrete error Decode returns. It wraps
+// ErrInvalidStatus and, where there is one, the underlying encoding/json
+// error (so errors.As with *json.SyntaxError works).
+type DecodeError struct {
+	// Path names the offending element, e.g.
+	// "machines[0] (mat_id 0c6f3a52-…).bmc.redfish.listen_port" or
+	// "generation"; "" when the document as a whole is at fault.
+	Path string
+	// Reason says what is wrong with it.
+	Reason string
+	// Err is the underlying error, if any (nil for validation failures).
+	Err error
+}
+
+// Error returns "matclient: invalid status: <path>: <reason>".
+func (e *DecodeError) Error() string {
+	if e.Path == "" {
+		return ErrInvalidStatus.Error() + ": " + e.Reason
+	}
+	return ErrInvalidStatus.Error() + ": " + e.Path + ": " + e.Reason
+}
+
+// Unwrap returns ErrInvalidStatus and the underlying error, if any.
+func (e *DecodeError) Unwrap() []error {
+	if e.Err != nil {
+		return []error{ErrInvalidStatus, e.Err}
+	}
+	return []error{ErrInvalidStatus}
+}
+
+func invalid(path, format string, args ...any) *DecodeError {
+	return &DecodeError{Path: path, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Hardware types (MAT's `hardware_type` strings) whose top-level devices are
+// not hosts. MAT derives `device_kind` from these; the decoder does the same
+// for legacy bodies, which have no `device_kind`.
+var kindByHardwareType = map[string]DeviceKind{
+	"nvidia_switch_nd5200_ld": KindSwitch,
+	"nvidia_switch_n5700_ld":  KindSwitch,
+	"liteon_power_shelf":      KindPowerShelf,
+	"delta_power_shelf":       KindPowerShelf,
+}
+
+// KindForHardwareType returns the kind MAT gives a top-level device of the
+// given `hardware_type`: the two NVLink switch models are KindSwitch, the two
+// power-shelf models KindPowerShelf, everything else (including "" and
+// unknown types) KindMachine. Nested devices are always KindDPU.
+func KindForHardwareType(hardwareType string) DeviceKind {
+	if k, ok := kindByHardwareType[hardwareType]; ok {
+		return k
+	}
+	return KindMachine
+}
+
+// Valid reports whether k is one of the four kinds of the MAT schema.
+func (k DeviceKind) Valid() bool {
+	switch k {
+	case KindMachine, KindDPU, KindSwitch, KindPowerShelf:
+		return true
+	}
+	return false
+}
+
+// String returns "legacy", "v2" or "Schema(n)".
+func (s Schema) String() string {
+	switch s {
+	case SchemaLegacy:
+		return "legacy"
+	case SchemaV2:
+		return "v2"
+	}
+	return "Schema(" + strconv.Itoa(int(s)) + ")"
+}
+
+// rawStatus is the top level of the body. Every field is kept raw so that
+// presence (schema detection), JSON null and JSON type can be told apart
+// and reported with the field's name.
+type rawStatus struct {
+	InventoryID json.RawMessage `json:"inventory_id"`
+	EpochID     json.RawMessage `json:"epoch_id"`
+	Generation  json.RawMessage `json:"generation"`
+	Machines    json.RawMessage `json:"machines"`
+}
+
+type rawDevice struct {
+	MatID           json.RawMessage `json:"mat_id"`
+	DeviceKind      json.RawMessage `json:"device_kind"`
+	DeviceID        json.RawMessage `json:"device_id"`
+	MachineID       json.RawMessage `json:"machine_id"`
+	HardwareType    json.RawMessage `json:"hardware_type"`
+	MatState        json.RawMessage `json:"mat_state"`
+	APIState        json.RawMessage `json:"api_state"`
+	PowerState      json.RawMessage `json:"power_state"`
+	MachineIP       json.RawMessage `json:"machine_ip"`
+	NvosIP          json.RawMessage `json:"nvos_ip"`
+	InfinibandPorts json.RawMessage `json:"infiniband_ports"`
+	BMC             json.RawMessage `json:"bmc"`
+	DPUs            json.RawMessage `json:"dpus"`
+}
+
+type rawBMC struct {
+	IP      json.RawMessage `json:"ip"`
+	Redfish json.RawMessage `json:"redfish"`
+	IPMI    json.RawMessage `json:"ipmi"`
+	SSH     json.RawMessage `json:"ssh"`
+}
+
+type rawEndpoint struct {
+	ReachablePort json.RawMessage `json:"reachable_port"`
+	ListenPort    json.RawMessage `json:"listen_port"`
+}
+
+type rawIBPort struct {
+	GUID  json.RawMessage `json:"guid"`
+	State json.RawMessage `json:"state"`
+}
+
+// Decode parses and validates the MAT `GET /machines/status` body, in
+// either shape:
+//
+//   - SchemaV2 (Aug 2026): `inventory_id`, `epoch_id`, `generation` at the
+//     top level and `device_kind` on every device;
+//   - SchemaLegacy (July 2026): only `machines[]`, no `device_kind`. Nested
+//     devices are then KindDPU and top-level ones get KindForHardwareType.
+//
+// The schema is SchemaV2 when any of `generation`, `inventory_id`,
+// `epoch_id` (top level) or `device_kind` (any device) is present. A device
+// without `device_kind` gets its kind derived as for legacy bodies. Unknown
+// fields are ignored, so newer MAT versions still decode.
+//
+// Validation is strict; each failure is a *DecodeError wrapping
+// ErrInvalidStatus whose message names the field and the device (index and
+// mat_id). Errors: invalid JSON, truncated bodies or data after the
+// document; a top level that is not an object; `machines` missing or null
+// (an empty array is fine); a device that is not an object, lacks a
+// non-empty `mat_id`, `bmc` or `bmc.redfish`; ports that are not integers
+// in 1..65535; `generation` that is not an integer in 1..2^64-1; an unknown
+// `device_kind`, a top-level DPU, a nested device that is not a DPU, or DPUs
+// under a device that is not a host; `bmc.ip`, `machine_ip` or `nvos_ip`
+// that is not an IPv4 address; a `mat_id` that occurs twice anywhere in
+// the body (both positions are named). Strings where strings are expected,
+// arrays for `machines`, `dpus` and `infiniband_ports`, objects for `bmc`
+// and endpoints. Optional fields may be absent or null.
+//
+// Two devices reporting the same BMC IP are NOT a decode error: that is a
+// planning decision.
+//
+// Decode never panics and does not retain body.
+func Decode(body []byte) (*Status, error) {
+	var top rawStatus
+	if err := json.Unmarshal(body, &top); err != nil {
+		return nil, jsonError("", "status document", err)
+	}
+	if t := jsonType(body); t != "object" {
+		return nil, invalid("", "top level must be a JSON object, got %s", t)
+	}
+
+	st := &Status{Schema: SchemaLegacy}
+	var err error
+	if present(top.InventoryID) {
+		st.Schema = SchemaV2
+		if st.InventoryID, err = requireString(top.InventoryID, "inventory_id"); err != nil {
+			return nil, err
+		}
+	}
+	if present(top.EpochID) {
+		st.Schema = SchemaV2
+		if st.EpochID, err = requireString(top.EpochID, "epoch_id"); err != nil {
+			return nil, err
+		}
+	}
+	if present(top.Generation) {
+		st.Schema = SchemaV2
+		if st.Generation, err = parseGeneration(top.Generation); err != nil {
+			return nil, err
+		}
+	}
+
+	switch t := jsonType(top.Machines); t {
+	case "missing":
+		return nil, invalid("machines", "missing (an instance without devices sends [])")
+	case "null":
+		return nil, invalid("machines", "is null (an instance without devices sends [])")
+	case "array":
+	default:
+		return nil, invalid("machines", "cannot unmarshal %s into array", t)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(top.Machines, &items); err != nil {
+		return nil, jsonError("machines", "array", err)
+	}
+
+	d := decoder{seen: make(map[string]string, len(items)*2)}
+	st.Machines = make([]Device, len(items))
+	for i, raw := range items {
+		pos := "machines[" + strconv.Itoa(i) + "]"
+		if err := d.device(raw, pos, false, &st.Machines[i]); err != nil {
+			return nil, err
+		}
+	}
+	if d.sawKind {
+		st.Schema = SchemaV2
+	}
+	return st, nil
+}
+
+type decoder struct {
+	seen    map[string]string // mat_id -> position ("machines[0].dpus[1]")
+	sawKind bool              // some device carried device_kind
+}
+
+// device decodes one device at position pos ("machines[0]" or
+// "machines[0].dpus[1]") into out. nested is true for DPUs.
+func (d *decoder) device(raw json.RawMessage, pos string, nested bool, out *Device) error {
+	if t := jsonType(raw); t != "object" {
+		return invalid(pos, "device must be a JSON object, got %s", t)
+	}
+	var rd rawDevice
+	if err := json.Unmarshal(raw, &rd); err != nil {
+		return jsonError(pos, "device object", err)
+	}
+
+	// mat_id first, so that every later error can name the device.
+	switch t := jsonType(rd.MatID); t {
+	case "missing", "null":
+		return invalid(pos+".mat_id", "missing")
+	case "string":
+	default:
+		return invalid(pos+".mat_id", "cannot unmarshal %s into string", t)
+	}
+	matID, err := requireString(rd.MatID, pos+".mat_id")
+	if err != nil {
+		return err
+	}
+	if matID == "" {
+		return invalid(pos+".mat_id", "empty")
+	}
+	label := pos + " (mat_id " + matID + ")"
+	if first, dup := d.seen[matID]; dup {
+		return invalid(label+".mat_id", "duplicate mat_id, also at %s", first)
+	}
+	d.seen[matID] = pos
+	out.MatID = matID
+
+	strs := []struct {
+		raw  json.RawMessage
+		name string
+		dst  *string
+	}{
+		{rd.DeviceID, "device_id", &out.DeviceID},
+		{rd.MachineID, "machine_id", &out.MachineID},
+		{rd.HardwareType, "hardware_type", &out.HardwareType},
+		{rd.MatState, "mat_state", &out.MatState},
+		{rd.APIState, "api_state", &out.APIState},
+		{rd.PowerState, "power_state", &out.PowerState},
+	}
+	for _, s := range strs {
+		if *s.dst, err = optString(s.raw, label+"."+s.name); err != nil {
+			return err
+		}
+	}
+	if out.MachineIP, err = optIPv4(rd.MachineIP, label+".machine_ip"); err != nil {
+		return err
+	}
+	if out.NvosIP, err = optIPv4(rd.NvosIP, label+".nvos_ip"); err != nil {
+		return err
+	}
+
+	// Kind: explicit, or derived the way MAT derives it.
+	kindStr, err := optString(rd.DeviceKind, label+".device_kind")
+	if err != nil {
+		return err
+	}
+	switch {
+	case present(rd.DeviceKind) && jsonType(rd.DeviceKind) != "null":
+		d.sawKind = true
+		out.Kind = DeviceKind(kindStr)
+		if !out.Kind.Valid() {
+			return invalid(label+".device_kind", "unknown device kind %q (want machine, dpu, switch or power_shelf)", kindStr)
+		}
+	case nested:
+		out.Kind = KindDPU
+	default:
+		out.Kind = KindForHardwareType(out.HardwareType)
+	}
+	if nested && out.Kind != KindDPU {
+		return invalid(label+".device_kind", "%q is not valid for a device nested under a host (want dpu)", out.Kind)
+	}
+	if !nested && out.Kind == KindDPU {
+		return invalid(label+".device_kind", "a dpu must be nested under its host, not at the top level")
+	}
+
+	if out.InfinibandPorts, err = ibPorts(rd.InfinibandPorts, label+".infiniband_ports"); err != nil {
+		return err
+	}
+	if err := bmc(rd.BMC, label+".bmc", &out.BMC); err != nil {
+		return err
+	}
+
+	// DPUs, recursively.
+	switch t := jsonType(rd.DPUs); t {
+	case "missing", "null":
+		return nil
+	case "array":
+	default:
+		return invalid(label+".dpus", "cannot unmarshal %s into array", t)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(rd.DPUs, &items); err != nil {
+		return jsonError(label+".dpus", "array", err)
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	if out.Kind != KindMachine {
+		return invalid(label+".dpus", "a %s cannot have dpus (%d given)", out.Kind, len(items))
+	}
+	out.DPUs = make([]Device, len(items))
+	for i, raw := range items {
+		if err := d.device(raw, label+".dpus["+strconv.Itoa(i)+"]", true, &out.DPUs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func bmc(raw json.RawMessage, path string, out *BMC) error {
+	switch t := jsonType(raw); t {
+	case "missing", "null":
+		return invalid(path, "missing (every device has a bmc object)")
+	case "object":
+	default:
+		return invalid(path, "cannot unmarshal %s into object", t)
+	}
+	var rb rawBMC
+	if err := json.Unmarshal(raw, &rb); err != nil {
+		return jsonError(path, "object", err)
+	}
+	var err error
+	if out.IP, err = optIPv4(rb.IP, path+".ip"); err != nil {
+		return err
+	}
+	if !present(rb.Redfish) || jsonType(rb.Redfish) == "null" {
+		return invalid(path+".redfish", "missing (every bmc has a redfish endpoint)")
+	}
+	if out.Redfish, err = endpoint(rb.Redfish, path+".redfish"); err != nil {
+		return err
+	}
+	for _, opt := range []struct {
+		raw  json.RawMessage
+		name string
+		dst  **Endpoint
+	}{{rb.IPMI, "ipmi", &out.IPMI}, {rb.SSH, "ssh", &out.SSH}} {
+		if !present(opt.raw) || jsonType(opt.raw) == "null" {
+			continue
+		}
+		ep, err := endpoint(opt.raw, path+"."+opt.name)
+		if err != nil {
+			return err
+		}
+		*opt.dst = &ep
+	}
+	return nil
+}
+
+func endpoint(raw json.RawMessage, path string) (Endpoint, error) {
+	if t := jsonType(raw); t != "object" {
+		return Endpoint{}, invalid(path, "cannot unmarshal %s into object", t)
+	}
+	var re rawEndpoint
+	if err := json.Unmarshal(raw, &re); err != nil {
+		return Endpoint{}, jsonError(path, "object", err)
+	}
+	var ep Endpoint
+	var err error
+	if ep.ReachablePort, err = port(re.ReachablePort, path+".reachable_port"); err != nil {
+		return Endpoint{}, err
+	}
+	if ep.ListenPort, err = port(re.ListenPort, path+".listen_port"); err != nil {
+		return Endpoint{}, err
+	}
+	return ep, nil
+}
+
+// port parses a TCP/UDP port: a JSON integer in 1..65535.
+func port(raw json.RawMessage, path string) (uint16, error) {
+	switch t := jsonType(raw); t {
+	case "missing", "null":
+		return 0, invalid(path, "missing")
+	case "number":
+	default:
+		return 0, invalid(path, "cannot unmarshal %s into uint16", t)
+	}
+	s := string(raw)
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		var ne *strconv.NumError
+		if errors.As(err, &ne) && errors.Is(ne.Err, strconv.ErrRange) {
+			return 0, invalid(path, "%s is out of range 1..65535", truncate(s, 32))
+		}
+		return 0, invalid(path, "%s is not an integer port number", truncate(s, 32))
+	}
+	if n < 1 || n > 65535 {
+		return 0, invalid(path, "%d is out of range 1..65535", n)
+	}
+	return uint16(n), nil
+}
+
+func parseGeneration(raw json.RawMessage) (uint64, error) {
+	if t := jsonType(raw); t != "number" {
+		return 0, invalid("generation", "cannot unmarshal %s into uint64 (generation must be a number)", t)
+	}
+	s := string(raw)
+	g, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, invalid("generation", "%s is not an unsigned 64-bit integer", truncate(s, 32))
+	}
+	if g == 0 {
+		return 0, invalid("generation", "0 is not a generation (MAT starts at 1)")
+	}
+	return g, nil
+}
+
+func ibPorts(raw json.RawMessage, path string) ([]IBPort, error) {
+	switch t := jsonType(raw); t {
+	case "missing", "null":
+		return nil, nil
+	case "array":
+	default:
+		return nil, invalid(path, "cannot unmarshal %s into array", t)
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		return nil, jsonError(path, "array", err)
+	}
+	if len(items) == 0 {
+		return nil, nil
+	}
+	out := make([]IBPort, len(items))
+	for i, item := range items {
+		p := path + "[" + strconv.Itoa(i) + "]"
+		if t := jsonType(item); t != "object" {
+			return nil, invalid(p, "cannot unmarshal %s into object", t)
+		}
+		var rp rawIBPort
+		if err := json.Unmarshal(item, &rp); err != nil {
+			return nil, jsonError(p, "object", err)
+		}
+		var err error
+		if !present(rp.GUID) || jsonType(rp.GUID) == "null" {
+			return nil, invalid(p+".guid", "missing")
+		}
+		if out[i].GUID, err = requireString(rp.GUID, p+".guid"); err != nil {
+			return nil, err
+		}
+		if out[i].GUID == "" {
+			return nil, invalid(p+".guid", "empty")
+		}
+		if out[i].State, err = optString(rp.State, p+".state"); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// optString decodes an optional string: absent or null give "".
+func optString(raw json.RawMessage, path string) (string, error) {
+	if !present(raw) || jsonType(raw) == "null" {
+		return "", nil
+	}
+	return requireString(raw, path)
+}
+
+func requireString(raw json.RawMessage, path string) (string, error) {
+	if t := jsonType(raw); t != "string" {
+		return "", invalid(path, "cannot unmarshal %s into string", t)
+	}
+	// Fast path: encoding/json has validated the literal already, so one
+	// without escapes and with valid UTF-8 is its own content.
+	if len(raw) >= 2 && raw[len(raw)-1] == '"' && bytes.IndexByte(raw, '\\') < 0 && utf8.Valid(raw) {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return "", jsonError(path, "string", err)
+	}
+	return s, nil
+}
+
+// optIPv4 decodes an optional IPv4 address in dotted-quad form.
+func optIPv4(raw json.RawMessage, path string) (string, error) {
+	s, err := optString(raw, path)
+	if err != nil || s == "" {
+		return "", err
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is4() {
+		return "", invalid(path, "%q is not an IPv4 address", truncate(s, 64))
+	}
+	return a.String(), nil
+}
+
+func present(raw json.RawMessage) bool { return len(raw) > 0 }
+
+// jsonType names the JSON type of a raw value that encoding/json already
+// found valid: "missing" (absent), "null", "string", "number", "bool",
+// "object" or "array".
+func jsonType(raw []byte) string {
+	raw = bytes.TrimLeft(raw, " \t\r\n")
+	if len(raw) == 0 {
+		return "missing"
+	}
+	switch raw[0] {
+	case 'n':
+		return "null"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "bool"
+	case '{':
+		return "object"
+	case '[':
+		return "array"
+	}
+	return "number"
+}
+
+// jsonError turns an encoding/json error into a *DecodeError.
+func jsonError(path, what string, err error) *DecodeError {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return &DecodeError{Path: path, Reason: fmt.Sprintf("invalid JSON at byte offset %d: %v", se.Offset, se), Err: err}
+	case errors.As(err, &te):
+		p := path
+		if te.Field != "" {
+			p = joinPath(path, te.Field)
+		}
+		return &DecodeError{Path: p, Reason: fmt.Sprintf("cannot unmarshal %s into %s", te.Value, what), Err: err}
+	}
+	return &DecodeError{Path: path, Reason: err.Error(), Err: err}
+}
+
+func joinPath(a, b string) string {
+	if a == "" {
+		return b
+	}
+	return a + "." + b
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

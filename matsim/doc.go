@@ -1,0 +1,11 @@
+// Package matsim simulates machine-a-tron (MAT) instances for tests and
+// local runs: it generates deterministic fleets (hosts with nested DPUs,
+// switches, power shelves and their mock BMCs) and serves them, or a
+// fixture file byte for byte, on `GET /machines/status` over HTTP or HTTPS
+// (self-signed ECDSA certificate), in the v2 or the legacy shape.
+//
+// A Server supports churn (SetFleet, RemoveDevice, SetBMCIP, with MAT's
+// generation rule), fault injection (FaultMode) and counters of requests
+// and accepted TCP connections so tests can prove that clients reuse
+// connections. It holds no global state; Close stops every goroutine.
+package matsim
