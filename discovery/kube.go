@@ -1,0 +1,204 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/matbus/matbus/events"
+)
+
+// Labels and annotations read from discovered MAT Services.
+const (
+	// DefaultSelector selects the MAT API Services (the old controller's default).
+	DefaultSelector = "nvidia-infra-controller/mat-service=true"
+	// PodNameLabel carries the MAT pod name in multi-pod deployments.
+	PodNameLabel = "nvidia-infra-controller/pod-name"
+	// URLAnnotation, when set on a discovered Service, overrides the
+	// computed API URL (e.g. "https://mat-0.example:1266").
+	URLAnnotation = "matbus.io/mat-url"
+	// OwnerSuffix is cut from the Service name to get the MAT Deployment name.
+	OwnerSuffix = "-bmc-mock"
+)
+
+// KubeConfig configures a KubeSource.
+type KubeConfig struct {
+	// Namespace to watch ("" = all namespaces).
+	Namespace string
+	// Selector is a label selector; default DefaultSelector.
+	Selector string
+	// Scheme of the MAT API URL; default "https" (MAT serves HTTPS).
+	Scheme string
+	// HostMode is "cluster-ip" (default: the Service's spec.clusterIP) or
+	// "dns" (<name>.<namespace>.svc).
+	HostMode string
+}
+
+// KubeSource discovers MAT instances as Kubernetes Services matching a label
+// selector, through a client-go informer. The API URL is
+// <scheme>://<host>:<port> with the port named "redfish" or "bmc-mock",
+// else the first port; URLAnnotation overrides it.
+type KubeSource struct {
+	kube     kubernetes.Interface
+	cfg      KubeConfig
+	selector labels.Selector
+	log      *slog.Logger
+	lister   corelisters.ServiceLister
+	synced   cache.InformerSynced
+	report   func(key, msg string)
+}
+
+// NewKube returns a Kubernetes source. It returns an error for an invalid
+// selector, scheme or host mode. report (may be nil) receives Services that
+// cannot be turned into an instance.
+func NewKube(kube kubernetes.Interface, cfg KubeConfig, log *slog.Logger, report func(key, msg string)) (*KubeSource, error) {
+	if cfg.Selector == "" {
+		cfg.Selector = DefaultSelector
+	}
+	if cfg.Scheme == "" {
+		cfg.Scheme = "https"
+	}
+	if cfg.Scheme != "http" && cfg.Scheme != "https" {
+		return nil, fmt.Errorf("discovery: scheme %q: want http or https", cfg.Scheme)
+	}
+	if cfg.HostMode == "" {
+		cfg.HostMode = "cluster-ip"
+	}
+	if cfg.HostMode != "cluster-ip" && cfg.HostMode != "dns" {
+		return nil, fmt.Errorf("discovery: host mode %q: want cluster-ip or dns", cfg.HostMode)
+	}
+	sel, err := labels.Parse(cfg.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: selector %q: %w", cfg.Selector, err)
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if report == nil {
+		report = func(string, string) {}
+	}
+	return &KubeSource{kube: kube, cfg: cfg, selector: sel, log: log, report: report}, nil
+}
+
+// Scope implements Source: "k8s:<namespace>:<selector>".
+func (s *KubeSource) Scope() string {
+	ns := s.cfg.Namespace
+	if ns == "" {
+		ns = "*"
+	}
+	return "k8s:" + ns + ":" + s.selector.String()
+}
+
+// Run implements Source. The informer runs until ctx ends; deletes seen as
+// tombstones (cache.DeletedFinalStateUnknown) are handled like deletes.
+func (s *KubeSource) Run(ctx context.Context, notify func()) error {
+	opts := []informers.SharedInformerOption{informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.LabelSelector = s.selector.String()
+	})}
+	if s.cfg.Namespace != "" {
+		opts = append(opts, informers.WithNamespace(s.cfg.Namespace))
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, opts...)
+	inf := f.Core().V1().Services()
+	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { notify() },
+		UpdateFunc: func(any, any) { notify() },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				s.log.Debug("MAT Service deleted (tombstone)", "key", t.Key)
+			}
+			notify()
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("discovery: informer handler: %w", err)
+	}
+	s.lister = inf.Lister()
+	s.synced = inf.Informer().HasSynced
+	f.Start(ctx.Done())
+	go func() {
+		<-ctx.Done()
+		f.Shutdown()
+	}()
+	return nil
+}
+
+// Instances implements Source.
+func (s *KubeSource) Instances() ([]events.Instance, bool) {
+	if s.lister == nil || !s.synced() {
+		return nil, false
+	}
+	var svcs []*corev1.Service
+	var err error
+	if s.cfg.Namespace != "" {
+		svcs, err = s.lister.Services(s.cfg.Namespace).List(s.selector)
+	} else {
+		svcs, err = s.lister.List(s.selector)
+	}
+	if err != nil {
+		return nil, false
+	}
+	out := make([]events.Instance, 0, len(svcs))
+	for _, svc := range svcs {
+		inst, err := s.instance(svc)
+		if err != nil {
+			s.report(svc.Namespace+"."+svc.Name, err.Error())
+			continue
+		}
+		out = append(out, inst)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, true
+}
+
+// InstanceFromService is the rule that turns a discovered Service into an
+// instance; exported for tests and tools.
+func (s *KubeSource) instance(svc *corev1.Service) (events.Instance, error) {
+	key, err := events.Key(svc.Namespace, svc.Name)
+	if err != nil {
+		return events.Instance{}, err
+	}
+	inst := events.Instance{Key: key, Scope: s.Scope(), Version: svc.ResourceVersion,
+		PodName: svc.Labels[PodNameLabel]}
+	if strings.HasSuffix(svc.Name, OwnerSuffix) && len(svc.Name) > len(OwnerSuffix) {
+		inst.Owner = strings.TrimSuffix(svc.Name, OwnerSuffix)
+	}
+	if u := svc.Annotations[URLAnnotation]; u != "" {
+		if err := events.ValidateURL(u); err != nil {
+			return events.Instance{}, fmt.Errorf("Service %s/%s annotation %s: %w", svc.Namespace, svc.Name, URLAnnotation, err)
+		}
+		inst.URL = u
+		return inst, nil
+	}
+	if len(svc.Spec.Ports) == 0 {
+		return events.Instance{}, fmt.Errorf("Service %s/%s has no ports", svc.Namespace, svc.Name)
+	}
+	port := svc.Spec.Ports[0].Port
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "redfish" || p.Name == "bmc-mock" {
+			port = p.Port
+			break
+		}
+	}
+	host := svc.Name + "." + svc.Namespace + ".svc"
+	if s.cfg.HostMode == "cluster-ip" {
+		host = svc.Spec.ClusterIP
+		if host == "" || host == corev1.ClusterIPNone {
+			return events.Instance{}, fmt.Errorf("Service %s/%s has no cluster IP (use host mode dns)", svc.Namespace, svc.Name)
+		}
+	}
+	inst.URL = s.cfg.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port)))
+	return inst, nil
+}

@@ -1,0 +1,221 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cenkalti/backoff/v4"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/plan"
+)
+
+// errNotOurs is returned when a Service name we want is taken by a Service
+// that another tool manages.
+var errNotOurs = errors.New("a Service of that name exists and is not managed by matbus")
+
+// apply runs creates, updates and recreates with at most Concurrency API
+// writes at once, each retried with its own backoff, then publishes the
+// deletes as delete jobs. Permanent failures are reported at once and do not
+// fail the job; transient ones that outlast their backoff are reported and
+// make the job ask for redelivery.
+func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
+	type op struct {
+		kind events.ErrorKind
+		svc  *corev1.Service
+		run  func(ctx context.Context, attempt int) error
+		done func()
+	}
+	var ops []op
+	for _, s := range p.Create {
+		ops = append(ops, op{events.ErrorCreate, s, func(ctx context.Context, _ int) error { return w.create(ctx, s) },
+			func() { w.created.Add(1) }})
+	}
+	for _, u := range p.Update {
+		ops = append(ops, op{events.ErrorUpdate, u.New, func(ctx context.Context, attempt int) error {
+			if attempt == 1 {
+				return w.update(ctx, u.New)
+			}
+			return w.reconverge(ctx, u.New)
+		}, func() { w.updated.Add(1) }})
+	}
+	for _, u := range p.Recreate {
+		ops = append(ops, op{events.ErrorCreate, u.New, func(ctx context.Context, _ int) error { return w.recreate(ctx, u.Old, u.New) },
+			func() { w.recreated.Add(1) }})
+	}
+
+	var (
+		mu        sync.Mutex
+		transient []string
+		wg        sync.WaitGroup
+		sem       = make(chan struct{}, w.cfg.Concurrency)
+	)
+	for _, o := range ops {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			cls, err := w.retry(ctx, key, o.kind, o.svc, o.run)
+			if err == nil {
+				o.done()
+				return
+			}
+			if cls == Transient {
+				mu.Lock()
+				transient = append(transient, o.svc.Name+": "+err.Error())
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if err := w.publishDeletes(ctx, key, p.Delete, "stale"); err != nil {
+		return err
+	}
+	if len(transient) > 0 {
+		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s", len(transient), transient[0])}
+	}
+	return nil
+}
+
+// retry runs fn with a fresh exponential backoff bounded by RetryMaxElapsed
+// and the job's context. Conflicts are retried silently; an "IP already
+// allocated" refusal is reported once and retried; permanent failures are
+// reported and end the loop. It returns the class of the last error.
+func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, svc *corev1.Service,
+	fn func(ctx context.Context, attempt int) error) (Class, error) {
+	bo := backoff.WithContext(w.newBackoff(w.cfg.RetryMaxElapsed), ctx)
+	attempt := 0
+	cls := Transient
+	var msg string
+	reportedAlloc := false
+	err := backoff.Retry(func() error {
+		attempt++
+		err := fn(ctx, attempt)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, errNotOurs) {
+			cls, msg = Permanent, err.Error()
+			return backoff.Permanent(err)
+		}
+		cls, msg = w.cfg.Classifier.Classify(ctx, err, svc)
+		switch cls {
+		case Permanent, Canceled:
+			return backoff.Permanent(err)
+		}
+		if apierrors.IsInvalid(err) && !reportedAlloc {
+			reportedAlloc = true
+			w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Service: svc.Namespace + "/" + svc.Name,
+				MatID: svc.Annotations[plan.AnnotationMatID], Message: msg + " (retrying)", Attempts: attempt})
+		}
+		w.log.Debug("retrying Service write", "service", svc.Name, "attempt", attempt, "error", err)
+		return err
+	}, bo)
+	if err == nil {
+		return cls, nil
+	}
+	if cls == Canceled || ctx.Err() != nil {
+		return Canceled, err
+	}
+	w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Service: svc.Namespace + "/" + svc.Name,
+		MatID: svc.Annotations[plan.AnnotationMatID], Message: msg, Permanent: cls == Permanent, Attempts: attempt})
+	return cls, errors.New(msg)
+}
+
+// create creates want; if the name exists and is ours, it converges the
+// existing object instead (another worker got there first).
+func (w *Worker) create(ctx context.Context, want *corev1.Service) error {
+	_, err := w.kube.CoreV1().Services(want.Namespace).Create(ctx, want, metav1.CreateOptions{FieldManager: "matbus"})
+	if apierrors.IsAlreadyExists(err) {
+		return w.reconverge(ctx, want)
+	}
+	return err
+}
+
+func (w *Worker) update(ctx context.Context, next *corev1.Service) error {
+	_, err := w.kube.CoreV1().Services(next.Namespace).Update(ctx, next, metav1.UpdateOptions{FieldManager: "matbus"})
+	if apierrors.IsNotFound(err) {
+		return w.create(ctx, stripIdentity(next))
+	}
+	return err
+}
+
+// reconverge re-reads the Service named like want and applies the
+// single-object plan to it: after a conflict, or when a create found it.
+func (w *Worker) reconverge(ctx context.Context, want *corev1.Service) error {
+	cur, err := w.kube.CoreV1().Services(want.Namespace).Get(ctx, want.Name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = w.kube.CoreV1().Services(want.Namespace).Create(ctx, stripIdentity(want), metav1.CreateOptions{FieldManager: "matbus"})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if cur.Labels[plan.LabelManagedBy] != w.managedBy() {
+		return fmt.Errorf("%w: %s/%s", errNotOurs, cur.Namespace, cur.Name)
+	}
+	p := plan.Diff(plan.Desired{Services: []*corev1.Service{want}}, []*corev1.Service{cur}, w.cfg.Plan)
+	switch {
+	case len(p.Update) == 1:
+		_, err = w.kube.CoreV1().Services(cur.Namespace).Update(ctx, p.Update[0].New, metav1.UpdateOptions{FieldManager: "matbus"})
+		return err
+	case len(p.Recreate) == 1:
+		return w.recreate(ctx, p.Recreate[0].Old, p.Recreate[0].New)
+	}
+	return nil
+}
+
+// recreate replaces old by want when an immutable field (spec.clusterIP)
+// changed: delete old with its UID as precondition, then create want. If
+// the create is refused permanently, the old Service is put back (without
+// its UID) so the BMC stays reachable at its previous IP, and the error is
+// returned.
+func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error {
+	svcs := w.kube.CoreV1().Services(old.Namespace)
+	uid := old.UID
+	err := svcs.Delete(ctx, old.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		if apierrors.IsConflict(err) {
+			// Someone re-created it meanwhile: converge that one instead.
+			return w.reconverge(ctx, want)
+		}
+		return err
+	}
+	_, err = svcs.Create(ctx, stripIdentity(want), metav1.CreateOptions{FieldManager: "matbus"})
+	if err == nil || apierrors.IsAlreadyExists(err) {
+		if err != nil {
+			return w.reconverge(ctx, want)
+		}
+		return nil
+	}
+	if cls, _ := w.cfg.Classifier.Classify(ctx, err, want); cls == Permanent {
+		back := stripIdentity(old)
+		if _, rerr := svcs.Create(ctx, back, metav1.CreateOptions{FieldManager: "matbus"}); rerr != nil {
+			w.log.Warn("could not restore Service after a failed recreate", "service", old.Name, "error", rerr)
+		}
+	}
+	return err
+}
+
+// stripIdentity returns a copy of s without server-set identity fields, ready to create.
+func stripIdentity(s *corev1.Service) *corev1.Service {
+	c := s.DeepCopy()
+	c.ResourceVersion = ""
+	c.UID = types.UID("")
+	c.CreationTimestamp = metav1.Time{}
+	c.ManagedFields = nil
+	c.DeletionTimestamp = nil
+	c.Generation = 0
+	c.Status = corev1.ServiceStatus{}
+	return c
+}

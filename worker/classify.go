@@ -1,0 +1,141 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Class says what to do about a failed Kubernetes call.
+type Class int
+
+const (
+	// Transient failures are retried with backoff: timeouts, 429, 5xx,
+	// conflicts, connection errors, and a ClusterIP that is still allocated
+	// to another Service.
+	Transient Class = iota
+	// Permanent failures cannot succeed by retrying: 403, 401, invalid
+	// objects (e.g. a BMC IP outside the service range), other 4xx.
+	Permanent
+	// Canceled means the job's context ended (shutdown): the job is left for
+	// redelivery and nothing is reported.
+	Canceled
+)
+
+func (c Class) String() string {
+	switch c {
+	case Transient:
+		return "transient"
+	case Permanent:
+		return "permanent"
+	default:
+		return "canceled"
+	}
+}
+
+// Classifier decides the Class of API errors by HTTP status code and the
+// status causes, never by message text. ServiceCIDRs, when known, tell an
+// "IP already allocated" 422 (the IP is inside a service range: wait for it
+// to be released) from an out-of-range one (permanent).
+type Classifier struct {
+	ServiceCIDRs []netip.Prefix
+}
+
+// Classify returns the class of err, seen while writing svc (may be nil),
+// and a message for operators. ctx is the job's context.
+func (c Classifier) Classify(ctx context.Context, err error, svc *corev1.Service) (Class, string) {
+	if err == nil {
+		return Transient, ""
+	}
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+		return Canceled, "job context ended"
+	}
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		// Transport errors (connection refused while the API server
+		// restarts, timeouts, EOF): retry.
+		return Transient, err.Error()
+	}
+	st := status.Status()
+	switch {
+	case apierrors.IsConflict(err):
+		return Transient, "conflict: " + err.Error()
+	case apierrors.IsTooManyRequests(err), apierrors.IsServerTimeout(err), apierrors.IsTimeout(err),
+		apierrors.IsInternalError(err), apierrors.IsServiceUnavailable(err), apierrors.IsUnexpectedServerError(err),
+		st.Code >= 500:
+		return Transient, err.Error()
+	case apierrors.IsForbidden(err):
+		return Permanent, forbiddenMessage(st, err)
+	case apierrors.IsUnauthorized(err):
+		return Permanent, "unauthorized: the API server rejected matbus's credentials: " + err.Error()
+	case apierrors.IsInvalid(err):
+		if ip, ok := clusterIPCause(st, svc); ok {
+			if c.inRange(ip) {
+				return Transient, fmt.Sprintf("cluster IP %s is allocated to another Service: %v", ip, err)
+			}
+			if len(c.ServiceCIDRs) == 0 {
+				return Transient, fmt.Sprintf("cluster IP %s refused (service range unknown, retrying): %v", ip, err)
+			}
+			return Permanent, fmt.Sprintf("cluster IP %s is outside the service range %v (use --bmc-ip-mode=external-ip?): %v", ip, c.ServiceCIDRs, err)
+		}
+		return Permanent, "invalid: " + err.Error()
+	}
+	return Permanent, err.Error()
+}
+
+func (c Classifier) inRange(ip netip.Addr) bool {
+	for _, p := range c.ServiceCIDRs {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// clusterIPCause reports whether a 422 names spec.clusterIP(s) and returns
+// the requested IP.
+func clusterIPCause(st metav1.Status, svc *corev1.Service) (netip.Addr, bool) {
+	if st.Details == nil || svc == nil || svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return netip.Addr{}, false
+	}
+	for _, cause := range st.Details.Causes {
+		if cause.Type != metav1.CauseTypeFieldValueInvalid {
+			continue
+		}
+		switch cause.Field {
+		case "spec.clusterIP", "spec.clusterIPs", "spec.clusterIPs[0]":
+			ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
+			return ip, err == nil
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func forbiddenMessage(st metav1.Status, err error) string {
+	what := "the requested operation"
+	if st.Details != nil {
+		what = fmt.Sprintf("%s %q", st.Details.Kind, st.Details.Name)
+	}
+	return fmt.Sprintf("forbidden: matbus's ServiceAccount lacks the RBAC permission for %s (grant get/list/watch/create/update/patch/delete on services and get on deployments in the target namespace): %v", what, err)
+}
+
+// ParseCIDRs parses comma-free CIDR strings, e.g. from --service-cidr.
+func ParseCIDRs(ss []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, s := range ss {
+		if s == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, fmt.Errorf("worker: service CIDR %q: %w", s, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}

@@ -1,0 +1,363 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/plan"
+)
+
+// Config tunes a Worker. Zero values mean the documented defaults.
+type Config struct {
+	// Name identifies this worker in logs and error events (e.g. the pod name).
+	Name string
+	// Plan holds the Service shape options; Plan.Namespace is where
+	// Services are created and watched.
+	Plan plan.Options
+	// Jobs is how many jobs of each consumer one worker handles at once; default 4.
+	Jobs int
+	// Concurrency bounds parallel API writes within one sync job; default 8.
+	Concurrency int
+	// RetryMaxElapsed bounds the backoff of one API operation or fetch; default 60 s.
+	RetryMaxElapsed time.Duration
+	// ShutdownGrace is how long in-flight jobs may run after shutdown
+	// begins; unfinished ones are left for redelivery. Default 10 s.
+	ShutdownGrace time.Duration
+	// InstanceResync is how often the client cache is checked against the
+	// instances stream, catching gone events a worker missed; default 1 min.
+	InstanceResync time.Duration
+	// Classifier classifies API errors.
+	Classifier Classifier
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = "worker"
+	}
+	if c.Jobs <= 0 {
+		c.Jobs = 4
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 8
+	}
+	if c.RetryMaxElapsed <= 0 {
+		c.RetryMaxElapsed = time.Minute
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = 10 * time.Second
+	}
+	if c.InstanceResync <= 0 {
+		c.InstanceResync = time.Minute
+	}
+	return c
+}
+
+// Stats counts what a worker did since start.
+type Stats struct {
+	Syncs, Cleanups                      int64 // jobs completed
+	Created, Updated, Recreated, Deleted int64 // Service writes that succeeded
+	DeleteJobs                           int64 // delete jobs published
+	Failed                               int64 // jobs that ended in an error event
+}
+
+// Worker consumes instance events, sync and clean-up jobs, and delete jobs.
+type Worker struct {
+	cfg    Config
+	bus    *events.Bus
+	kube   kubernetes.Interface
+	cache  *ClientCache
+	report *events.Reporter
+	log    *slog.Logger
+
+	services corelisters.ServiceLister
+	ready    atomic.Bool
+
+	syncs, cleanups, created, updated, recreated, deleted, deleteJobs, failed atomic.Int64
+}
+
+// New returns a Worker. factory makes MAT clients on cache misses
+// (normally a wrapper of matclient.New); report receives every failure.
+func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientFactory, report *events.Reporter, log *slog.Logger) (*Worker, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Plan.Namespace == "" {
+		return nil, errors.New("worker: no target namespace")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if report == nil {
+		report = events.NewReporter(bus, log, cfg.Name, 0)
+	}
+	w := &Worker{cfg: cfg, bus: bus, kube: kube, report: report, log: log}
+	w.cache = NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })
+	return w, nil
+}
+
+// Cache returns the worker's client cache (for inspection).
+func (w *Worker) Cache() *ClientCache { return w.cache }
+
+// Ready reports whether the Service informer has synced and the consumers run.
+func (w *Worker) Ready() bool { return w.ready.Load() }
+
+// Stats returns the counters.
+func (w *Worker) Stats() Stats {
+	return Stats{Syncs: w.syncs.Load(), Cleanups: w.cleanups.Load(), Created: w.created.Load(),
+		Updated: w.updated.Load(), Recreated: w.recreated.Load(), Deleted: w.deleted.Load(),
+		DeleteJobs: w.deleteJobs.Load(), Failed: w.failed.Load()}
+}
+
+// Run starts the Service informer and the three consumers and blocks until
+// ctx ends. Then it stops fetching, lets in-flight jobs finish for up to
+// ShutdownGrace (the rest are nak'ed for redelivery), closes every cached
+// client and returns nil. It returns an error only when start-up fails.
+func (w *Worker) Run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0,
+		informers.WithNamespace(w.cfg.Plan.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.Set{plan.LabelManagedBy: w.managedBy()}.String()
+		}))
+	w.services = factory.Core().V1().Services().Lister()
+	informerCtx, stopInformers := context.WithCancel(context.WithoutCancel(ctx))
+	factory.Start(informerCtx.Done())
+	defer func() {
+		stopInformers()
+		factory.Shutdown()
+	}()
+	w.log.Info("waiting for Service informer", "namespace", w.cfg.Plan.Namespace)
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("worker: informer for %v did not sync", typ)
+		}
+	}
+	if err := w.bus.EnsureStreams(ctx); err != nil && ctx.Err() == nil {
+		w.log.Warn("streams not ready yet, retrying in the consumers", "error", err)
+	}
+
+	// hard ends the jobs' contexts ShutdownGrace after ctx ends.
+	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHard()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-hard.Done():
+			return
+		}
+		t := time.NewTimer(w.cfg.ShutdownGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelHard()
+		case <-hard.Done():
+		}
+	}()
+
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); w.runInstances(ctx) }()
+	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.SyncConsumer, w.handleSync) }()
+	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.DeleteConsumer, w.handleDelete) }()
+	w.ready.Store(true)
+	w.log.Info("worker running", "worker", w.cfg.Name, "namespace", w.cfg.Plan.Namespace, "jobs", w.cfg.Jobs)
+	wg.Wait()
+	w.ready.Store(false)
+	w.cache.Close(hard)
+	w.log.Info("worker stopped", "worker", w.cfg.Name)
+	return nil
+}
+
+func (w *Worker) managedBy() string {
+	if w.cfg.Plan.ManagedBy == "" {
+		return "mat-k8s-controller"
+	}
+	return w.cfg.Plan.ManagedBy
+}
+
+// jobHandler handles one decoded job message. It returns nil when the job
+// is done (ack), or an error: a *jobError says whether to retry.
+type jobHandler func(ctx context.Context, env events.Envelope, subject string) error
+
+// runJobs consumes one durable pull consumer until ctx ends, re-creating the
+// consumer (and its stream) whenever it is lost: deleted, stream
+// re-created, or heartbeats missing after a server restart.
+func (w *Worker) runJobs(ctx, hard context.Context, consumer string, h jobHandler) {
+	log := w.log.With("consumer", consumer)
+	sem := make(chan struct{}, w.cfg.Jobs)
+	var inflight sync.WaitGroup
+	defer inflight.Wait()
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		cons, err := w.bus.EnsureConsumer(ctx, consumer)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			err = w.bus.EnsureStreams(ctx)
+			if err == nil {
+				cons, err = w.bus.EnsureConsumer(ctx, consumer)
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("consumer not available, retrying", "error", err, "retry_in", delay)
+			if !sleep(ctx, delay) {
+				return
+			}
+			delay = min(delay*2, 5*time.Second)
+			continue
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(w.cfg.Jobs),
+			jetstream.PullHeartbeat(2*time.Second), jetstream.PullExpiry(10*time.Second),
+			jetstream.WithMessagesErrOnMissingHeartbeat(true))
+		if err != nil {
+			log.Warn("pull failed, retrying", "error", err)
+			if !sleep(ctx, delay) {
+				return
+			}
+			continue
+		}
+		delay = 100 * time.Millisecond
+		for {
+			msg, err := it.Next(jetstream.NextContext(ctx))
+			if err != nil {
+				it.Stop()
+				if ctx.Err() == nil {
+					log.Warn("consumer interrupted, re-attaching", "error", err)
+				}
+				break
+			}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				_ = msg.Nak()
+				it.Stop()
+				return
+			}
+			inflight.Add(1)
+			go func() {
+				defer inflight.Done()
+				defer func() { <-sem }()
+				w.runJob(hard, msg, h)
+			}()
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// jobError is a job failure: Retry asks for redelivery, otherwise the job is
+// terminated. Reported is true when an error event was already published.
+type jobError struct {
+	Retry    bool
+	Reported bool
+	Err      error
+}
+
+func (e *jobError) Error() string { return e.Err.Error() }
+func (e *jobError) Unwrap() error { return e.Err }
+
+// runJob decodes msg, runs h with progress reports, and acks, naks or
+// terminates it.
+func (w *Worker) runJob(ctx context.Context, msg jetstream.Msg, h jobHandler) {
+	subject := msg.Subject()
+	env, err := events.Decode(msg.Data())
+	if err != nil {
+		w.rejectEvent(ctx, subject, err)
+		_ = msg.TermWithReason("undecodable event")
+		return
+	}
+	delivered := uint64(1)
+	if md, err := msg.Metadata(); err == nil {
+		delivered = md.NumDelivered
+	}
+	// Tell JetStream the job is alive while it runs (AckWait/3).
+	progressEvery := w.bus.Config().AckWait / 3
+	stop := make(chan struct{})
+	var progress sync.WaitGroup
+	progress.Add(1)
+	go func() {
+		defer progress.Done()
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	err = h(ctx, env, subject)
+	close(stop)
+	progress.Wait()
+
+	var je *jobError
+	switch {
+	case err == nil:
+		if aerr := msg.Ack(); aerr != nil {
+			w.log.Debug("ack failed; the job will be redelivered and is idempotent", "subject", subject, "error", aerr)
+		}
+	case ctx.Err() != nil || errors.Is(err, context.Canceled):
+		// Shutdown: leave it for another worker, report nothing.
+		_ = msg.Nak()
+	case errors.As(err, &je) && je.Retry:
+		if delivered >= uint64(w.bus.Config().MaxDeliver) {
+			w.failed.Add(1)
+			w.report.Report(ctx, events.Error{Kind: kindOf(env.Type), Instance: keyOf(subject), Subject: subject,
+				Message: fmt.Sprintf("job gave up after %d deliveries: %v", delivered, err), Attempts: int(delivered)})
+			_ = msg.TermWithReason("deliveries exhausted")
+			return
+		}
+		_ = msg.NakWithDelay(time.Duration(delivered) * 2 * time.Second)
+	default:
+		w.failed.Add(1)
+		if !(errors.As(err, &je) && je.Reported) {
+			w.report.Report(ctx, events.Error{Kind: kindOf(env.Type), Instance: keyOf(subject), Subject: subject,
+				Message: err.Error(), Permanent: true, Attempts: int(delivered)})
+		}
+		_ = msg.TermWithReason("permanent failure")
+	}
+}
+
+func (w *Worker) rejectEvent(ctx context.Context, subject string, err error) {
+	w.report.Report(ctx, events.Error{Kind: events.ErrorEvent, Subject: subject, Instance: keyOf(subject),
+		Message: fmt.Sprintf("rejected message: %v", err), Permanent: true})
+}
+
+func kindOf(t events.Type) events.ErrorKind {
+	switch t {
+	case events.TypeDeleteJob, events.TypeCleanupJob:
+		return events.ErrorDelete
+	default:
+		return events.ErrorUpdate
+	}
+}
+
+func keyOf(subject string) string {
+	k, _ := events.KeyFromSubject(subject)
+	return k
+}
