@@ -194,9 +194,12 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 	return nil
 }
 
+// streamSame compares the settings matbus sets; the server reports unset
+// limits as -1 where the request had 0.
 func streamSame(a, b jetstream.StreamConfig) bool {
+	lim := func(v int64) int64 { return max(v, 0) }
 	return slices.Equal(a.Subjects, b.Subjects) && a.Retention == b.Retention &&
-		a.MaxMsgsPerSubject == b.MaxMsgsPerSubject && a.MaxAge == b.MaxAge && a.MaxBytes == b.MaxBytes &&
+		lim(a.MaxMsgsPerSubject) == lim(b.MaxMsgsPerSubject) && a.MaxAge == b.MaxAge && lim(a.MaxBytes) == lim(b.MaxBytes) &&
 		a.Discard == b.Discard && a.Storage == b.Storage && a.Replicas == b.Replicas &&
 		a.Duplicates == b.Duplicates && a.Description == b.Description
 }

@@ -1,0 +1,218 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/matbus/matbus/events"
+)
+
+// natsOpts are the flags every NATS user shares.
+type natsOpts struct {
+	url, creds, prefix string
+	memory             bool
+}
+
+func (o *natsOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.url, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated")
+	fs.StringVar(&o.creds, "nats-creds", "", "path of a NATS credentials file (.creds), if the server needs one")
+	fs.StringVar(&o.prefix, "subject-prefix", events.DefaultPrefix, "first token(s) of every matbus subject")
+}
+
+func (o *natsOpts) validate() error {
+	return events.ValidatePrefix(o.prefix)
+}
+
+// connect dials NATS and keeps reconnecting forever; name identifies the
+// connection on the server.
+func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500 * time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("NATS disconnected", "error", err)
+			}
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrl()) }),
+	}
+	if o.creds != "" {
+		opts = append(opts, nats.UserCredentials(o.creds))
+	}
+	nc, err := nats.Connect(o.url, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", o.url, err)
+	}
+	return nc, nil
+}
+
+// bus returns the events.Bus; w (may be nil) sets the job consumers' AckWait and MaxDeliver.
+func (o *natsOpts) bus(nc *nats.Conn, source string, log *slog.Logger, w *workerOpts) (*events.Bus, error) {
+	cfg := events.Config{Prefix: o.prefix, Source: source, Memory: o.memory}
+	if w != nil {
+		cfg.AckWait, cfg.MaxDeliver = w.ackWait, w.maxDeliver
+	}
+	return events.New(nc, cfg, log)
+}
+
+// logOpts select the log level and format.
+type logOpts struct{ level, format string }
+
+func (o *logOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&o.format, "log-format", "text", "log format: text or json")
+}
+
+func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.level)); err != nil {
+		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, o.level)
+	}
+	hopts := &slog.HandlerOptions{Level: lvl}
+	switch o.format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, hopts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, hopts)), nil
+	}
+	return nil, fmt.Errorf("%w: --log-format %q: want text or json", errUsage, o.format)
+}
+
+// kubeOpts select the cluster and the client-side rate limit.
+type kubeOpts struct {
+	kubeconfig string
+	qps        float64
+	burst      int
+}
+
+func (o *kubeOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
+	fs.Float64Var(&o.qps, "kube-qps", 50, "client-side rate limit of Kubernetes API requests per second (client-go's default of 5 is far too low for thousands of Services)")
+	fs.IntVar(&o.burst, "kube-burst", 100, "burst of Kubernetes API requests above --kube-qps")
+}
+
+func (o *kubeOpts) validate() error {
+	if o.qps <= 0 || o.burst <= 0 {
+		return fmt.Errorf("%w: --kube-qps and --kube-burst must be positive", errUsage)
+	}
+	return nil
+}
+
+// restConfig returns the client configuration from --kubeconfig or the
+// in-cluster environment.
+func (o *kubeOpts) restConfig() (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if o.kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+		if errors.Is(err, rest.ErrNotInCluster) {
+			return nil, fmt.Errorf("no Kubernetes configuration: set --kubeconfig (or KUBECONFIG), or run in a cluster")
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes config: %w", err)
+	}
+	o.apply(cfg)
+	return cfg, nil
+}
+
+func (o *kubeOpts) apply(cfg *rest.Config) {
+	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
+	cfg.UserAgent = "matbus/" + version
+	// client-go prints API warnings to stderr by default, which breaks JSON logs.
+	cfg.WarningHandler = rest.NoWarnings{}
+}
+
+func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) {
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return kc, nil
+}
+
+// health serves /healthz (process alive), /readyz (ready() true) and
+// /metrics (Prometheus) on addr until ctx ends. An empty addr serves nothing.
+func serveHealth(ctx context.Context, addr string, ready func() bool, reg *prometheus.Registry, log *slog.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	if reg != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("health listener on %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("health server stopped", "error", err)
+		}
+	}()
+	log.Info("health endpoints", "addr", l.Addr().String(), "paths", "/healthz /readyz /metrics")
+	return nil
+}
+
+func hostname() string {
+	if v := os.Getenv("POD_NAME"); v != "" {
+		return v
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return "matbus"
+	}
+	return h
+}
+
+// parseSelector parses "k=v,k2=v2" into a map.
+func parseSelector(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%w: selector item %q: want key=value", errUsage, kv)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return out, nil
+}

@@ -1,0 +1,339 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/kubelocal"
+	"github.com/matbus/matbus/matsim"
+	"github.com/matbus/matbus/plan"
+)
+
+// devSummary is the final JSON line of `matbus dev --once`.
+type devSummary struct {
+	Converged      bool    `json:"converged"`
+	Services       int     `json:"services"`
+	Expected       int     `json:"expected"`
+	Errors         int64   `json:"errors"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	NATSURL        string  `json:"nats_url"`
+	Kubeconfig     string  `json:"kubeconfig,omitempty"`
+	Namespace      string  `json:"namespace"`
+}
+
+func runDev(ctx context.Context, args []string, e env) error {
+	fs := newFlagSet("dev", "Run the whole pipeline in one process: embedded NATS, simulators, local kube-apiserver, discovery, workers.", e.stderr)
+	var n natsOpts
+	var l logOpts
+	var k kubeOpts
+	var w workerOpts
+	var f fleetOpts
+	var natsPort, sims, workers int
+	var natsHost, stateDir string
+	var once, tls bool
+	var timeout, interval time.Duration
+	n.register(fs)
+	l.register(fs)
+	k.register(fs)
+	w.register(fs)
+	f.register(fs)
+	fs.IntVar(&natsPort, "nats-port", 4222, "port of the embedded NATS server (0 picks a free one)")
+	fs.StringVar(&natsHost, "nats-host", "127.0.0.1", "host of the embedded NATS server")
+	fs.IntVar(&sims, "simulators", 2, "MAT simulators to start, each with its own fleet")
+	fs.IntVar(&workers, "workers", 2, "workers to run in this process")
+	fs.BoolVar(&once, "once", false, "exit 0 once every simulated BMC has its Service (1 on --timeout), printing a JSON summary")
+	durationVar(fs, &timeout, "timeout", 3*time.Minute, "with --once: how long to wait for convergence")
+	durationVar(fs, &interval, "sync-interval", 10*time.Second, "how often every instance gets a sync job")
+	fs.BoolVar(&tls, "tls", true, "simulators serve HTTPS with self-signed certificates (as MAT does)")
+	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one)")
+	// dev's own defaults differ from the worker's.
+	_ = fs.Set("namespace", "matbus-dev")
+	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+		return usageErr(err)
+	}
+	for _, v := range []func() error{n.validate, k.validate, w.validate} {
+		if err := v(); err != nil {
+			return err
+		}
+	}
+	if sims < 1 || sims > 16 || workers < 1 {
+		return fmt.Errorf("%w: --simulators must be 1..16 and --workers at least 1", errUsage)
+	}
+	log, err := l.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	out := e.stdout
+	start := time.Now()
+	// The simulators serve self-signed certificates.
+	w.insecure = true
+	n.memory = true
+
+	// 1. NATS.
+	ns, err := natsserver.Start(natsserver.Options{Host: natsHost, Port: natsPort})
+	if err != nil {
+		return fmt.Errorf("embedded NATS on port %d: %w (is another one running? try --nats-port 0)", natsPort, err)
+	}
+	defer ns.Shutdown()
+	n.url = ns.ClientURL()
+	fmt.Fprintf(out, "NATS with JetStream      %s   (watch errors: nats sub '%s')\n", n.url, events.Subjects{Prefix: n.prefix}.Errors())
+
+	// 2. Kubernetes.
+	var cfg *rest.Config
+	kubeconfig := k.kubeconfig
+	if kubeconfig != "" {
+		if cfg, err = k.restConfig(); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "Kubernetes               %s (from %s)\n", cfg.Host, kubeconfig)
+	} else {
+		fmt.Fprintf(out, "Kubernetes               starting a local etcd + kube-apiserver ...\n")
+		cl, err := kubelocal.Start(ctx, kubelocal.Config{Dir: stateDir, Log: log})
+		if err != nil {
+			return fmt.Errorf("local Kubernetes: %w", err)
+		}
+		defer cl.Stop()
+		cfg = cl.RESTConfig()
+		k.apply(cfg)
+		kubeconfig = cl.Kubeconfig
+		if len(w.serviceCIDRs) == 0 {
+			w.serviceCIDRs = listFlag{cl.ServiceCIDR}
+		}
+		fmt.Fprintf(out, "Kubernetes               %s (service range %s)\n", cl.URL, cl.ServiceCIDR)
+	}
+	kube, err := kubeClient(cfg)
+	if err != nil {
+		return err
+	}
+	if err := ensureNamespace(ctx, kube, w.namespace); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Services                 KUBECONFIG=%s kubectl get svc -n %s -l %s=%s\n", kubeconfig, w.namespace, plan.LabelManagedBy, w.managedBy)
+
+	runCtx, stopAll := context.WithCancel(ctx)
+	defer stopAll()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	// 3. Simulators.
+	base := netip.MustParsePrefix(f.subnet)
+	var entries []discovery.StaticEntry
+	expected := 0
+	for i := 0; i < sims; i++ {
+		spec := f.spec()
+		spec.Seed = f.seed + int64(i)
+		spec.BMCSubnet = nthSubnet(base, i).String()
+		fleet, err := matsim.Generate(spec)
+		if err != nil {
+			return fmt.Errorf("%w: fleet %d: %v", errUsage, i, err)
+		}
+		sim, err := matsim.New(matsim.Options{Fleet: fleet, TLS: tls})
+		if err != nil {
+			return err
+		}
+		url, err := sim.Start(runCtx, "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		defer sim.Close()
+		expected += sim.BMCs()
+		entries = append(entries, discovery.StaticEntry{Namespace: w.namespace, Name: fmt.Sprintf("mat-%d", i), URL: url})
+		fmt.Fprintf(out, "MAT simulator mat-%d      %s/machines/status  (%d devices, %d BMCs with an IP, BMC subnet %s)\n", i, url, sim.Devices(), sim.BMCs(), spec.BMCSubnet)
+	}
+
+	// 4. Error events and Services, printed as they happen.
+	var errCount atomic.Int64
+	nc, err := n.connect("matbus-dev-watch", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	sub, err := nc.Subscribe(events.Subjects{Prefix: n.prefix}.Errors(), func(m *nats.Msg) {
+		errCount.Add(1)
+		fmt.Fprint(out, "ERROR ")
+		printError(out, m.Subject, m.Data, false)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to error events: %w", err)
+	}
+	defer sub.Unsubscribe()
+	count := watchServices(runCtx, kube, w.namespace, w.managedBy, out, &wg)
+
+	// 5. Discovery publisher (static source; one process, no election).
+	pubNC, err := n.connect("matbus-dev-discovery", log)
+	if err != nil {
+		return err
+	}
+	defer pubNC.Close()
+	pubBus, err := n.bus(pubNC, "discovery/dev", log, nil)
+	if err != nil {
+		return err
+	}
+	if err := pubBus.EnsureStreams(ctx); err != nil {
+		return err
+	}
+	src, err := discovery.NewStatic("dev", entries)
+	if err != nil {
+		return err
+	}
+	rep := events.NewReporter(pubBus, log.With("component", "discovery"), "dev-discovery", 0)
+	pub := discovery.NewPublisher(pubBus, src, discovery.PublisherConfig{SyncInterval: interval}, rep, log.With("component", "discovery"))
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = pub.Run(runCtx) }()
+
+	// 6. Workers.
+	for i := 0; i < workers; i++ {
+		o := w
+		o.name = fmt.Sprintf("dev-worker-%d", i)
+		wnc, err := n.connect("matbus-"+o.name, log)
+		if err != nil {
+			return err
+		}
+		defer wnc.Close()
+		wlog := log.With("component", "worker")
+		bus, err := n.bus(wnc, "worker/"+o.name, wlog, &o)
+		if err != nil {
+			return err
+		}
+		wk, _, err := o.build(ctx, bus, kube, wlog)
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = wk.Run(runCtx) }()
+	}
+	fmt.Fprintf(out, "Pipeline                 1 discovery publisher, %d workers, sync every %s; expecting %d Services. Ctrl-C stops.\n", workers, interval, expected)
+
+	summary := func(converged bool) devSummary {
+		return devSummary{Converged: converged, Services: count(), Expected: expected, Errors: errCount.Load(),
+			ElapsedSeconds: time.Since(start).Seconds(), NATSURL: n.url, Kubeconfig: kubeconfig, Namespace: w.namespace}
+	}
+	if !once {
+		<-ctx.Done()
+		stopAll()
+		return nil
+	}
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			stopAll()
+			return writeSummary(out, summary(false), 1)
+		case <-deadline.C:
+			stopAll()
+			return writeSummary(out, summary(false), 1)
+		case <-tick.C:
+			if count() >= expected {
+				s := summary(true)
+				stopAll()
+				return writeSummary(out, s, 0)
+			}
+		}
+	}
+}
+
+func writeSummary(out io.Writer, s devSummary, code int) error {
+	b, _ := json.Marshal(s)
+	fmt.Fprintln(out, string(b))
+	if code != 0 {
+		return exitCode(code)
+	}
+	return nil
+}
+
+// nthSubnet returns the i-th block of base's size after base (a /20 base
+// gives 10.96.64.0/20, 10.96.80.0/20, ...).
+func nthSubnet(base netip.Prefix, i int) netip.Prefix {
+	a := base.Masked().Addr().As4()
+	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])
+	v += uint32(i) << (32 - base.Bits())
+	return netip.PrefixFrom(netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}), base.Bits())
+}
+
+func ensureNamespace(ctx context.Context, kube kubernetes.Interface, ns string) error {
+	_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s: %w", ns, err)
+	}
+	return nil
+}
+
+// watchServices prints our Services as they are created, changed and
+// deleted, and returns a function counting them.
+func watchServices(ctx context.Context, kube kubernetes.Interface, ns, managedBy string, out io.Writer, wg *sync.WaitGroup) func() int {
+	f := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = labels.Set{plan.LabelManagedBy: managedBy}.String()
+		}))
+	inf := f.Core().V1().Services()
+	var mu sync.Mutex
+	line := func(op string, s *corev1.Service) {
+		mu.Lock()
+		defer mu.Unlock()
+		ip := s.Spec.ClusterIP
+		if len(s.Spec.ExternalIPs) > 0 {
+			ip = "external " + s.Spec.ExternalIPs[0]
+		}
+		fmt.Fprintf(out, "%s service %-42s %-7s %-16s %s\n", op, s.Name, s.Labels[plan.LabelMachineType], ip, s.Labels[plan.LabelInstance])
+	}
+	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) {
+			if s, ok := o.(*corev1.Service); ok {
+				line("+", s)
+			}
+		},
+		UpdateFunc: func(a, b any) {
+			x, ok1 := a.(*corev1.Service)
+			y, ok2 := b.(*corev1.Service)
+			if ok1 && ok2 && x.ResourceVersion != y.ResourceVersion {
+				line("~", y)
+			}
+		},
+		DeleteFunc: func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if s, ok := o.(*corev1.Service); ok {
+				line("-", s)
+			}
+		},
+	})
+	lister := inf.Lister()
+	f.Start(ctx.Done())
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		f.Shutdown()
+	}()
+	return func() int {
+		if !inf.Informer().HasSynced() {
+			return 0
+		}
+		l, _ := lister.Services(ns).List(labels.Everything())
+		return len(l)
+	}
+}
+

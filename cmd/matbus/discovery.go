@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
+)
+
+// discoveryOpts are the publisher's flags; `dev` shares some.
+type discoveryOpts struct {
+	selector, scheme, hostMode      string
+	static                          listFlag
+	staticFile, staticName          string
+	interval                        time.Duration
+	leaderElect                     bool
+	leaseName, leaseNamespace, ident string
+	leaseDuration, renewDeadline    time.Duration
+	retryPeriod                     time.Duration
+}
+
+func (o *discoveryOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.selector, "discovery-selector", discovery.DefaultSelector, "label selector of the MAT API Services to discover")
+	fs.StringVar(&o.scheme, "mat-scheme", "https", "scheme of discovered MAT API URLs: https or http")
+	fs.StringVar(&o.hostMode, "mat-host-mode", "cluster-ip", "host of discovered MAT API URLs: cluster-ip or dns (<name>.<namespace>.svc)")
+	fs.Var(&o.static, "static", "static instances instead of Kubernetes discovery: [namespace/]name=url, repeatable or comma separated")
+	fs.StringVar(&o.staticFile, "static-file", "", "YAML/JSON list of static instances ({namespace, name, url, pod_name, owner})")
+	fs.StringVar(&o.staticName, "static-name", "static", "scope name of the static source; publishers of different scopes never report each other's instances gone")
+	durationVar(fs, &o.interval, "sync-interval", 30*time.Second, "how often every instance gets a sync job")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "campaign for a Lease so only one publisher runs at a time (needs the Kubernetes API)")
+	fs.StringVar(&o.leaseName, "lease-name", "matbus-discovery", "name of the leader-election Lease")
+	fs.StringVar(&o.leaseNamespace, "lease-namespace", "", "namespace of the Lease (default: --namespace)")
+	fs.StringVar(&o.ident, "identity", "", "leader-election identity (default: $POD_NAME or the host name)")
+	durationVar(fs, &o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease is valid without renewal")
+	durationVar(fs, &o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before giving up")
+	durationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
+}
+
+func (o *discoveryOpts) validate() error {
+	if o.renewDeadline >= o.leaseDuration {
+		return fmt.Errorf("%w: --leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration", errUsage)
+	}
+	if o.isStatic() && len(o.static) > 0 && o.staticFile != "" {
+		return fmt.Errorf("%w: give --static or --static-file, not both", errUsage)
+	}
+	return nil
+}
+
+func (o *discoveryOpts) isStatic() bool { return len(o.static) > 0 || o.staticFile != "" }
+
+// source builds the static or Kubernetes source.
+func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log *slog.Logger, rep *events.Reporter) (discovery.Source, error) {
+	if o.isStatic() {
+		var entries []discovery.StaticEntry
+		var err error
+		if o.staticFile != "" {
+			entries, err = discovery.LoadStaticFile(o.staticFile)
+		} else {
+			entries, err = discovery.ParseStatic(o.static)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		for i := range entries {
+			if entries[i].Namespace == "" {
+				entries[i].Namespace = namespace
+			}
+		}
+		src, err := discovery.NewStatic(o.staticName, entries)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		return src, nil
+	}
+	if kube == nil {
+		return nil, fmt.Errorf("%w: Kubernetes discovery needs --kubeconfig or an in-cluster configuration (or use --static)", errUsage)
+	}
+	report := func(key, msg string) {
+		rep.Report(context.Background(), events.Error{Kind: events.ErrorDiscovery, Instance: key, Message: msg})
+	}
+	src, err := discovery.NewKube(kube, discovery.KubeConfig{Namespace: namespace, Selector: o.selector,
+		Scheme: o.scheme, HostMode: o.hostMode}, log, report)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return src, nil
+}
+
+func runDiscovery(ctx context.Context, args []string, e env) error {
+	fs := newFlagSet("discovery", "Watch for MAT instances and publish instance and sync events (leader-elected).", e.stderr)
+	var n natsOpts
+	var l logOpts
+	var k kubeOpts
+	var o discoveryOpts
+	var namespace, healthAddr string
+	n.register(fs)
+	l.register(fs)
+	k.register(fs)
+	o.register(fs)
+	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
+	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
+	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+		return usageErr(err)
+	}
+	for _, v := range []func() error{n.validate, k.validate, o.validate} {
+		if err := v(); err != nil {
+			return err
+		}
+	}
+	log, err := l.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("component", "discovery")
+	var kube kubernetes.Interface
+	if !o.isStatic() || o.leaderElect {
+		cfg, err := k.restConfig()
+		if err != nil {
+			if o.leaderElect && o.isStatic() {
+				return fmt.Errorf("%w: %v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", errUsage, err)
+			}
+			return err
+		}
+		if kube, err = kubeClient(cfg); err != nil {
+			return err
+		}
+	}
+	ident := o.ident
+	if ident == "" {
+		ident = hostname()
+	}
+	nc, err := n.connect("matbus-discovery-"+ident, log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	bus, err := n.bus(nc, "discovery/"+ident, log, nil)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	rep := events.NewReporter(bus, log, ident, 0)
+	var leading atomic.Bool
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "leader",
+		Help: "1 while this publisher holds the Lease."}, func() float64 {
+		if leading.Load() {
+			return 1
+		}
+		return 0
+	}))
+	// Ready means able to publish: connected to NATS. Followers are ready too.
+	if err := serveHealth(ctx, healthAddr, func() bool { return nc.IsConnected() }, reg, log); err != nil {
+		return err
+	}
+	lead := func(ctx context.Context) error {
+		leading.Store(true)
+		defer leading.Store(false)
+		src, err := o.source(kube, namespace, log, rep)
+		if err != nil {
+			return err
+		}
+		return discovery.NewPublisher(bus, src, discovery.PublisherConfig{SyncInterval: o.interval}, rep, log).Run(ctx)
+	}
+	// Validate the source once before campaigning, so bad flags fail fast.
+	if _, err := o.source(kube, namespace, log, rep); err != nil {
+		return err
+	}
+	if !o.leaderElect {
+		return lead(ctx)
+	}
+	leaseNS := o.leaseNamespace
+	if leaseNS == "" {
+		leaseNS = namespace
+	}
+	var leadErr error
+	err = discovery.RunLeaderElected(ctx, kube, discovery.LeaderConfig{Namespace: leaseNS, LeaseName: o.leaseName, Identity: ident,
+		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod}, log,
+		func(lctx context.Context) {
+			if err := lead(lctx); err != nil && !errors.Is(err, context.Canceled) {
+				leadErr = err
+				log.Error("publisher failed", "error", err)
+			}
+		})
+	if err != nil {
+		return err
+	}
+	return leadErr
+}

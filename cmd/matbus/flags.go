@@ -1,0 +1,116 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// oldNames are the polling controller's environment variables, kept where
+// the meaning is the same; every other flag reads MATBUS_<FLAG>.
+var oldNames = map[string]string{
+	"namespace":            "NAMESPACE",
+	"discovery-selector":   "DISCOVERY_SELECTOR",
+	"sync-interval":        "SYNC_INTERVAL",
+	"target-selector":      "TARGET_SELECTOR",
+	"insecure-skip-verify": "INSECURE_SKIP_VERIFY",
+	"log-level":            "LOG_LEVEL",
+	"kubeconfig":           "KUBECONFIG",
+}
+
+// EnvName returns the environment variable that sets flag name.
+func EnvName(name string) string {
+	if v, ok := oldNames[name]; ok {
+		return v
+	}
+	return "MATBUS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// newFlagSet returns a flag set whose usage lists each flag's environment variable.
+func newFlagSet(name, summary string, out io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.Usage = func() {
+		fmt.Fprintf(out, "Usage: matbus %s [flags]\n\n%s\n\nFlags (each also read from the environment variable shown):\n", name, summary)
+		var names []string
+		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+		sort.Strings(names)
+		for _, n := range names {
+			f := fs.Lookup(n)
+			def := ""
+			if f.DefValue != "" && f.DefValue != "[]" {
+				def = fmt.Sprintf(" (default %s)", f.DefValue)
+			}
+			fmt.Fprintf(out, "  --%s  [env %s]\n      %s%s\n", n, EnvName(n), f.Usage, def)
+		}
+	}
+	return fs
+}
+
+// parseWithEnv parses args; every flag not given on the command line takes
+// its environment variable's value when that is set. It returns an error
+// naming the variable when a value does not parse.
+func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || set[f.Name] {
+			return
+		}
+		if v := getenv(EnvName(f.Name)); v != "" {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("environment variable %s=%q: %w", EnvName(f.Name), v, e)
+			}
+		}
+	})
+	return err
+}
+
+// listFlag is a repeatable string flag that also splits on commas.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+// positiveDuration is a duration flag that refuses values <= 0.
+type positiveDuration struct{ d *time.Duration }
+
+func (p positiveDuration) String() string {
+	if p.d == nil {
+		return ""
+	}
+	return p.d.String()
+}
+func (p positiveDuration) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if d <= 0 {
+		return fmt.Errorf("must be positive, got %s", v)
+	}
+	*p.d = d
+	return nil
+}
+
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	fs.Var(positiveDuration{p}, name, usage)
+}

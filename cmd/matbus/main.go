@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// subcommand runs one matbus subcommand with its arguments.
+type subcommand struct {
+	summary string
+	run     func(ctx context.Context, args []string, env env) error
+}
+
+// env is what a subcommand may use of the outside world; tests pass their own.
+type env struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+func subcommands() map[string]subcommand {
+	return map[string]subcommand{
+		"discovery": {"Watch for MAT instances and publish instance and sync events (leader-elected).", runDiscovery},
+		"worker":    {"Consume instance events, sync jobs and delete jobs; keep BMC Services in step.", runWorker},
+		"dev":       {"Run the whole pipeline in one process: embedded NATS, simulators, local kube-apiserver, discovery, workers.", runDev},
+		"errors":    {"Print error events as they arrive (and recent ones with --since).", runErrors},
+		"matsim":    {"Serve a simulated MAT `GET /machines/status` from a generated fleet or a fixture file.", runMatsim},
+		"version":   {"Print the matbus version.", runVersion},
+	}
+}
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
+	stop()
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string, e env) int {
+	cmds := subcommands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(e.stderr, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	c, ok := cmds[args[0]]
+	if !ok {
+		fmt.Fprintf(e.stderr, "matbus: unknown subcommand %q\n\n", args[0])
+		usage(e.stderr, cmds)
+		return 2
+	}
+	err := c.run(ctx, args[1:], e)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(e.stderr, "matbus %s: %v\n", args[0], err)
+		return 2
+	default:
+		var ec exitCode
+		if errors.As(err, &ec) {
+			return int(ec)
+		}
+		fmt.Fprintf(e.stderr, "matbus %s: %v\n", args[0], err)
+		return 1
+	}
+}
+
+// errUsage marks invalid flags or arguments (exit status 2).
+var errUsage = errors.New("usage")
+
+// exitCode ends the process with that status and no message.
+type exitCode int
+
+func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+func usage(w io.Writer, cmds map[string]subcommand) {
+	fmt.Fprintf(w, "matbus keeps a Kubernetes Service per simulated MAT BMC, driven by NATS JetStream events.\n\nUsage: matbus <subcommand> [flags]\n\nSubcommands:\n")
+	for _, n := range []string{"dev", "discovery", "worker", "errors", "matsim", "version"} {
+		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
+	}
+	fmt.Fprintf(w, "\nRun `matbus <subcommand> --help` for its flags; every flag can also be set by an environment variable.\n")
+}
+
+func runVersion(_ context.Context, args []string, e env) error {
+	fs := newFlagSet("version", "Print the matbus version.", e.stderr)
+	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+		return usageErr(err)
+	}
+	fmt.Fprintln(e.stdout, "matbus", version)
+	return nil
+}
+
+func usageErr(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return fmt.Errorf("%w: %v", errUsage, err)
+}

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/matclient"
+	"github.com/matbus/matbus/plan"
+	"github.com/matbus/matbus/worker"
+)
+
+// workerOpts are the worker's flags; `dev` shares them.
+type workerOpts struct {
+	namespace, targetSelector, managedBy, ipMode, name string
+	serviceCIDRs                                       listFlag
+	insecure                                           bool
+	matTimeout, retryMaxElapsed, grace, ackWait        time.Duration
+	jobs, concurrency, maxDeliver                      int
+	errorWindow                                        time.Duration
+}
+
+func (o *workerOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.namespace, "namespace", "default", "namespace of the BMC Services (and of discovered MAT Services)")
+	fs.StringVar(&o.targetSelector, "target-selector", "app=machine-a-tron", "selector of the MAT pods the BMC Services point at, key=value[,key=value]")
+	fs.StringVar(&o.managedBy, "managed-by", plan.DefaultManagedBy, "value of app.kubernetes.io/managed-by on our Services (the old controller's value, so its Services are adopted)")
+	fs.StringVar(&o.ipMode, "bmc-ip-mode", string(plan.IPModeClusterIP), "where the BMC IP goes: cluster-ip (spec.clusterIP) or external-ip (spec.externalIPs)")
+	fs.StringVar(&o.name, "worker-name", "", "name of this worker in logs and error events (default: $POD_NAME or the host name)")
+	fs.Var(&o.serviceCIDRs, "service-cidr", "the cluster's service IP range(s), to tell an allocated cluster IP (retried) from one out of range (permanent); repeatable")
+	fs.BoolVar(&o.insecure, "insecure-skip-verify", false, "do not verify MAT's TLS certificates (MAT serves self-signed ones)")
+	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
+	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
+	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
+	durationVar(fs, &o.ackWait, "ack-wait", 30*time.Second, "JetStream AckWait of the job consumers (progress is reported at a third of it)")
+	fs.IntVar(&o.jobs, "jobs", 4, "jobs of each kind one worker handles at once")
+	fs.IntVar(&o.concurrency, "concurrency", 8, "parallel Kubernetes writes within one sync job")
+	fs.IntVar(&o.maxDeliver, "max-deliver", 5, "deliveries of one job before it becomes an error event")
+	durationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
+}
+
+func (o *workerOpts) validate() error {
+	if o.jobs <= 0 || o.concurrency <= 0 || o.maxDeliver <= 0 {
+		return fmt.Errorf("%w: --jobs, --concurrency and --max-deliver must be positive", errUsage)
+	}
+	if _, err := plan.ParseIPMode(o.ipMode); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if _, err := events.Key(o.namespace, "x"); err != nil {
+		return fmt.Errorf("%w: --namespace: %v", errUsage, err)
+	}
+	if _, err := worker.ParseCIDRs(o.serviceCIDRs); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if _, err := parseSelector(o.targetSelector); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (o *workerOpts) workerName() string {
+	if o.name != "" {
+		return o.name
+	}
+	return hostname()
+}
+
+// build returns the worker for bus and kube. When --service-cidr is not
+// given it asks the API server for its ServiceCIDR objects (it may be
+// forbidden; then allocation failures are treated as transient).
+func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes.Interface, log *slog.Logger) (*worker.Worker, *events.Reporter, error) {
+	mode, _ := plan.ParseIPMode(o.ipMode)
+	sel, _ := parseSelector(o.targetSelector)
+	cidrs, _ := worker.ParseCIDRs(o.serviceCIDRs)
+	if len(cidrs) == 0 {
+		cidrs = serviceCIDRsFromAPI(ctx, kube, log)
+	}
+	name := o.workerName()
+	rep := events.NewReporter(bus, log, name, o.errorWindow)
+	mcfg := matclient.Config{Timeout: o.matTimeout, InsecureSkipVerify: o.insecure, UserAgent: "matbus/" + version}
+	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
+	w, err := worker.New(worker.Config{
+		Name: name,
+		Plan: plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel},
+		Jobs: o.jobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
+		Classifier: worker.Classifier{ServiceCIDRs: cidrs},
+	}, bus, kube, factory, rep, log)
+	return w, rep, err
+}
+
+func serviceCIDRsFromAPI(ctx context.Context, kube kubernetes.Interface, log *slog.Logger) []netip.Prefix {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	list, err := kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		log.Info("service range unknown (set --service-cidr); a refused cluster IP will be retried", "error", err)
+		return nil
+	}
+	var out []netip.Prefix
+	for _, sc := range list.Items {
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	log.Info("service range", "cidrs", out)
+	return out
+}
+
+func workerMetrics(reg *prometheus.Registry, w *worker.Worker) {
+	stat := func(name, help string, f func(worker.Stats) int64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: name, Help: help},
+			func() float64 { return float64(f(w.Stats())) }))
+	}
+	stat("syncs_total", "Sync jobs completed.", func(s worker.Stats) int64 { return s.Syncs })
+	stat("cleanups_total", "Clean-up jobs completed.", func(s worker.Stats) int64 { return s.Cleanups })
+	stat("services_created_total", "Services created.", func(s worker.Stats) int64 { return s.Created })
+	stat("services_updated_total", "Services updated.", func(s worker.Stats) int64 { return s.Updated })
+	stat("services_recreated_total", "Services recreated after a BMC IP change.", func(s worker.Stats) int64 { return s.Recreated })
+	stat("services_deleted_total", "Services deleted by delete jobs.", func(s worker.Stats) int64 { return s.Deleted })
+	stat("delete_jobs_published_total", "Delete jobs published.", func(s worker.Stats) int64 { return s.DeleteJobs })
+	stat("jobs_failed_total", "Jobs that ended in an error event.", func(s worker.Stats) int64 { return s.Failed })
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "cached_clients", Help: "MAT clients in the cache."},
+		func() float64 { return float64(len(w.Cache().Stats().URLs)) }))
+}
+
+func runWorker(ctx context.Context, args []string, e env) error {
+	fs := newFlagSet("worker", "Consume instance events, sync jobs and delete jobs; keep BMC Services in step.", e.stderr)
+	var n natsOpts
+	var l logOpts
+	var k kubeOpts
+	var o workerOpts
+	var healthAddr string
+	n.register(fs)
+	l.register(fs)
+	k.register(fs)
+	o.register(fs)
+	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
+	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+		return usageErr(err)
+	}
+	for _, v := range []func() error{n.validate, k.validate, o.validate} {
+		if err := v(); err != nil {
+			return err
+		}
+	}
+	log, err := l.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("component", "worker")
+	cfg, err := k.restConfig()
+	if err != nil {
+		return err
+	}
+	kube, err := kubeClient(cfg)
+	if err != nil {
+		return err
+	}
+	nc, err := n.connect("matbus-worker-"+o.workerName(), log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	bus, err := n.bus(nc, "worker/"+o.workerName(), log, &o)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	w, _, err := o.build(ctx, bus, kube, log)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	workerMetrics(reg, w)
+	if err := serveHealth(ctx, healthAddr, w.Ready, reg, log); err != nil {
+		return err
+	}
+	return w.Run(ctx)
+}
