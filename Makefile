@@ -1,0 +1,51 @@
+# matbus — the two commands a newcomer needs are `make run` and `make test`.
+SHELL := /bin/bash
+GO ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+export MATBUS_BIN_DIR := $(CURDIR)/.bin
+ARGS ?=
+
+.PHONY: all build tools run test lint unit fuzz fuzz-long bench clean
+
+all: build
+
+## build: the matbus binary into bin/
+build:
+	$(GO) build -trimpath -o bin/matbus ./cmd/matbus
+
+## tools: etcd and kube-apiserver built from Go modules into .bin/ (once)
+tools:
+	@bash hack/tools.sh
+
+## run: the whole pipeline in one process (embedded NATS, simulators, local
+## kube-apiserver unless KUBECONFIG is set, discovery, workers). ARGS="--once" exits when converged.
+run: tools build
+	./bin/matbus dev $(ARGS)
+
+## test: everything CI runs — lint, unit and integration tests with -race on
+## real NATS and a real kube-apiserver + etcd, and a short fuzz of every decoder.
+test: tools lint unit fuzz
+
+lint:
+	@echo ">> gofmt"; out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	@echo ">> go vet"; $(GO) vet ./...
+	@echo ">> staticcheck"; $(GO) run $(STATICCHECK) ./...
+
+unit:
+	MATBUS_REQUIRE_K8S=1 $(GO) test -race -count=1 -timeout 20m ./...
+
+FUZZTIME ?= 5s
+## fuzz: each fuzz target for FUZZTIME (5s in CI; `make fuzz-long` runs 2m each)
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./matclient
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./events
+
+fuzz-long:
+	$(MAKE) fuzz FUZZTIME=2m
+
+## bench: benchmarks of the decoder and the planner, as a table
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./matclient ./plan ./events
+
+clean:
+	rm -rf bin .run
