@@ -1,0 +1,198 @@
+package events
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/matbus/matbus/internal/natsserver"
+)
+
+func newBus(t *testing.T, cfg Config) (*Bus, *nats.Conn) {
+	t.Helper()
+	s, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	b, err := New(nc, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b, nc
+}
+
+func TestEnsureStreamsIdempotent(t *testing.T) {
+	b, _ := newBus(t, Config{Memory: true})
+	ctx := context.Background()
+	before := map[string]time.Time{}
+	for _, cfg := range b.StreamConfigs() {
+		s, err := b.JS.Stream(ctx, cfg.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[cfg.Name] = s.CachedInfo().Created
+		if !streamSame(s.CachedInfo().Config, cfg) {
+			t.Errorf("stream %s as stored differs from what matbus asks for", cfg.Name)
+		}
+	}
+	if err := b.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, created := range before {
+		s, _ := b.JS.Stream(ctx, name)
+		if !s.CachedInfo().Created.Equal(created) {
+			t.Errorf("stream %s was re-created", name)
+		}
+	}
+	for _, name := range []string{SyncConsumer, DeleteConsumer} {
+		c1, err := b.EnsureConsumer(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := b.EnsureConsumer(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c1.CachedInfo().Created != c2.CachedInfo().Created || c2.CachedInfo().Config.MaxDeliver != 5 {
+			t.Errorf("consumer %s not stable: %+v", name, c2.CachedInfo().Config)
+		}
+	}
+}
+
+func TestPublishDeduplicatesAndInstancesRead(t *testing.T) {
+	b, _ := newBus(t, Config{Memory: true})
+	ctx := context.Background()
+	inst := Instance{Key: "ns.mat-0", URL: "https://h:1266", Scope: "static:t"}
+	for i := 0; i < 3; i++ {
+		if err := b.Publish(ctx, b.Subjects.Instance(inst.Key), TypeInstanceAppeared, "same-id", inst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, _ := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	info, _ := s.Info(ctx)
+	if info.State.LastSeq != 1 {
+		t.Fatalf("re-published event stored %d times", info.State.LastSeq)
+	}
+	rec, found, err := b.LastInstance(ctx, inst.Key)
+	if err != nil || !found || !rec.Present() || rec.Instance != inst {
+		t.Fatalf("LastInstance = %+v %v %v", rec, found, err)
+	}
+	if err := b.Publish(ctx, b.Subjects.Instance(inst.Key), TypeInstanceGone, "gone-1", inst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.JS.Publish(ctx, b.Subjects.Instance("ns.bad"), []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	recs, bad, err := b.Instances(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[inst.Key].Present() || len(bad) != 1 || bad[0] != "ns.bad" {
+		t.Fatalf("Instances = %+v bad=%v", recs, bad)
+	}
+	if _, found, _ := b.LastInstance(ctx, "ns.never"); found {
+		t.Fatal("LastInstance found an instance never announced")
+	}
+}
+
+func TestPublishRecreatesLostStream(t *testing.T) {
+	b, _ := newBus(t, Config{Memory: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := b.JS.DeleteStream(ctx, b.StreamName("SYNC")); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Publish(ctx, b.Subjects.Sync("ns.a"), TypeSyncJob, "s1", SyncJob{Key: "ns.a"}); err != nil {
+		t.Fatalf("publish after the stream was lost: %v", err)
+	}
+	s, err := b.JS.Stream(ctx, b.StreamName("SYNC"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("stream holds %d messages", s.CachedInfo().State.Msgs)
+	}
+}
+
+func TestSyncStreamKeepsFewJobsPerInstance(t *testing.T) {
+	b, _ := newBus(t, Config{Memory: true})
+	ctx := context.Background()
+	for i := 0; i < 10; i++ {
+		if err := b.Publish(ctx, b.Subjects.Sync("ns.a"), TypeSyncJob, "", SyncJob{Key: "ns.a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Publish(ctx, b.Subjects.Cleanup("ns.a"), TypeCleanupJob, "", CleanupJob{Key: "ns.a", Scope: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := b.JS.Stream(ctx, b.StreamName("SYNC"))
+	info, _ := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.SyncJobs()))
+	if info.State.Msgs != 3 { // 2 sync jobs kept + the clean-up job
+		t.Fatalf("sync stream holds %d messages, want 3", info.State.Msgs)
+	}
+}
+
+func TestReporterRateLimits(t *testing.T) {
+	b, nc := newBus(t, Config{Memory: true})
+	got := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe(b.Subjects.Errors(), got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	r := NewReporter(b, nil, "w1", time.Hour)
+	now := time.Now()
+	r.now = func() time.Time { return now }
+	ctx := context.Background()
+	e := Error{Kind: ErrorDelete, Instance: "ns.a", Service: "ns/svc-1", Message: "forbidden"}
+	if !r.Report(ctx, e) {
+		t.Fatal("first event not published")
+	}
+	for i := 0; i < 5; i++ {
+		if r.Report(ctx, e) {
+			t.Fatal("repeated event published inside the window")
+		}
+	}
+	e2 := e
+	e2.Service = "ns/svc-2"
+	if !r.Report(ctx, e2) {
+		t.Fatal("event of another Service suppressed")
+	}
+	now = now.Add(2 * time.Hour)
+	if !r.Report(ctx, e) {
+		t.Fatal("event after the window suppressed")
+	}
+	var last Error
+	for i := 0; i < 3; i++ {
+		select {
+		case m := <-got:
+			env, err := Decode(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last, _ = Into[Error](env, TypeError)
+			if m.Subject != "mat.errors.delete" || last.Worker != "w1" {
+				t.Fatalf("event on %s: %+v", m.Subject, last)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("only %d events arrived", i)
+		}
+	}
+	if last.Suppressed != 5 {
+		t.Fatalf("Suppressed = %d, want 5", last.Suppressed)
+	}
+}
