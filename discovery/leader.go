@@ -67,4 +67,6 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 	return nil
 }
 
-func metav1ObjectMeta(ns, name string) metav1.ObjectMeta { return metav1.ObjectMeta{Namespace: ns, Name: name} }
+func metav1ObjectMeta(ns, name string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Namespace: ns, Name: name}
+}

@@ -336,4 +336,3 @@ func watchServices(ctx context.Context, kube kubernetes.Interface, ns, managedBy
 		return len(l)
 	}
 }
-

@@ -18,14 +18,14 @@ import (
 
 // discoveryOpts are the publisher's flags; `dev` shares some.
 type discoveryOpts struct {
-	selector, scheme, hostMode      string
-	static                          listFlag
-	staticFile, staticName          string
-	interval                        time.Duration
-	leaderElect                     bool
+	selector, scheme, hostMode       string
+	static                           listFlag
+	staticFile, staticName           string
+	interval                         time.Duration
+	leaderElect                      bool
 	leaseName, leaseNamespace, ident string
-	leaseDuration, renewDeadline    time.Duration
-	retryPeriod                     time.Duration
+	leaseDuration, renewDeadline     time.Duration
+	retryPeriod                      time.Duration
 }
 
 func (o *discoveryOpts) register(fs *flag.FlagSet) {
