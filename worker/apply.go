@@ -134,10 +134,23 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 
 // create creates want; if the name exists and is ours, it converges the
 // existing object instead (another worker got there first).
+//
+// The API server allocates spec.clusterIP before it checks the name, so when
+// another worker has just created this very Service, the answer is a 422
+// "provided IP is already allocated", not AlreadyExists. A 422 is therefore
+// followed by a read: if the Service exists, it is converged like after
+// AlreadyExists; otherwise the IP really belongs to another Service and the
+// error is returned (and classified) as it is.
 func (w *Worker) create(ctx context.Context, want *corev1.Service) error {
-	_, err := w.kube.CoreV1().Services(want.Namespace).Create(ctx, want, metav1.CreateOptions{FieldManager: "matbus"})
+	svcs := w.kube.CoreV1().Services(want.Namespace)
+	_, err := svcs.Create(ctx, want, metav1.CreateOptions{FieldManager: "matbus"})
 	if apierrors.IsAlreadyExists(err) {
 		return w.reconverge(ctx, want)
+	}
+	if apierrors.IsInvalid(err) {
+		if _, gerr := svcs.Get(ctx, want.Name, metav1.GetOptions{}); gerr == nil {
+			return w.reconverge(ctx, want)
+		}
 	}
 	return err
 }
@@ -191,11 +204,8 @@ func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error 
 		}
 		return err
 	}
-	_, err = svcs.Create(ctx, stripIdentity(want), metav1.CreateOptions{FieldManager: "matbus"})
-	if err == nil || apierrors.IsAlreadyExists(err) {
-		if err != nil {
-			return w.reconverge(ctx, want)
-		}
+	// create converges a Service that another worker created meanwhile.
+	if err = w.create(ctx, stripIdentity(want)); err == nil {
 		return nil
 	}
 	if cls, _ := w.cfg.Classifier.Classify(ctx, err, want); cls == Permanent {
