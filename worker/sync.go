@@ -88,7 +88,7 @@ func (w *Worker) Sync(ctx context.Context, key string) error {
 		}
 		// No deletes: the instance's Services stay as they are.
 		w.report.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: key, URL: inst.URL,
-			Message: fmt.Sprintf("status fetch failed, no Service changed: %v", err),
+			Message:   fmt.Sprintf("status fetch failed, no Service changed: %v", err),
 			Permanent: !matclient.IsTransient(err), Attempts: attempts})
 		return nil
 	}
