@@ -19,7 +19,7 @@ import (
 // discoveryOpts are the publisher's flags; `dev` shares some.
 type discoveryOpts struct {
 	selector, scheme, hostMode       string
-	static                           listFlag
+	static                           givenList
 	staticFile, staticName           string
 	interval                         time.Duration
 	leaderElect                      bool
@@ -49,13 +49,13 @@ func (o *discoveryOpts) validate() error {
 	if o.renewDeadline >= o.leaseDuration {
 		return fmt.Errorf("%w: --leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration", errUsage)
 	}
-	if o.isStatic() && len(o.static) > 0 && o.staticFile != "" {
+	if o.static.given && o.staticFile != "" {
 		return fmt.Errorf("%w: give --static or --static-file, not both", errUsage)
 	}
 	return nil
 }
 
-func (o *discoveryOpts) isStatic() bool { return len(o.static) > 0 || o.staticFile != "" }
+func (o *discoveryOpts) isStatic() bool { return o.static.given || o.staticFile != "" }
 
 // source builds the static or Kubernetes source.
 func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log *slog.Logger, rep *events.Reporter) (discovery.Source, error) {
@@ -65,7 +65,7 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 		if o.staticFile != "" {
 			entries, err = discovery.LoadStaticFile(o.staticFile)
 		} else {
-			entries, err = discovery.ParseStatic(o.static)
+			entries, err = discovery.ParseStatic(o.static.listFlag)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)

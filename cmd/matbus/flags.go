@@ -80,6 +80,16 @@ func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) e
 type listFlag []string
 
 func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+// givenList is a listFlag that remembers whether it was set at all (even to
+// an empty list).
+type givenList struct {
+	listFlag
+	given bool
+}
+
+func (g *givenList) Set(v string) error { g.given = true; return g.listFlag.Set(v) }
+
 func (l *listFlag) Set(v string) error {
 	for _, s := range strings.Split(v, ",") {
 		if s = strings.TrimSpace(s); s != "" {

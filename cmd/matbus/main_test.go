@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/matbus/matbus/kubelocal"
+)
+
+func runArgs(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var o, e bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	code = run(ctx, args, envT(&o, &e, env))
+	return code, o.String(), e.String()
+}
+
+func envT(o, e *bytes.Buffer, m map[string]string) env {
+	return env{stdout: o, stderr: e, getenv: func(k string) string { return m[k] }}
+}
+
+func TestEnvNames(t *testing.T) {
+	for flag, want := range map[string]string{
+		"sync-interval": "SYNC_INTERVAL", "namespace": "NAMESPACE", "kubeconfig": "KUBECONFIG",
+		"insecure-skip-verify": "INSECURE_SKIP_VERIFY", "nats-url": "MATBUS_NATS_URL", "bmc-ip-mode": "MATBUS_BMC_IP_MODE",
+	} {
+		if got := EnvName(flag); got != want {
+			t.Errorf("EnvName(%q) = %q, want %q", flag, got, want)
+		}
+	}
+}
+
+func TestParseWithEnv(t *testing.T) {
+	fs := newFlagSet("t", "", &bytes.Buffer{})
+	var o discoveryOpts
+	var ns string
+	o.register(fs)
+	fs.StringVar(&ns, "namespace", "default", "")
+	env := map[string]string{"SYNC_INTERVAL": "5s", "NAMESPACE": "from-env", "MATBUS_STATIC": "a=https://x:1,b=https://y:1"}
+	if err := parseWithEnv(fs, []string{"--namespace", "from-flag"}, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	if o.interval != 5*time.Second || ns != "from-flag" || len(o.static.listFlag) != 2 {
+		t.Fatalf("interval=%s namespace=%s static=%v", o.interval, ns, o.static)
+	}
+	fs2 := newFlagSet("t", "", &bytes.Buffer{})
+	var o2 discoveryOpts
+	o2.register(fs2)
+	err := parseWithEnv(fs2, nil, func(k string) string { return map[string]string{"SYNC_INTERVAL": "-1s"}[k] })
+	if err == nil || !strings.Contains(err.Error(), "SYNC_INTERVAL") {
+		t.Fatalf("negative SYNC_INTERVAL: %v", err)
+	}
+}
+
+func TestUsageAndBadFlags(t *testing.T) {
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		code int
+		want string
+	}{
+		{"no args", nil, nil, 2, "Subcommands"},
+		{"unknown subcommand", []string{"explode"}, nil, 2, "unknown subcommand"},
+		{"help", []string{"worker", "--help"}, nil, 0, "[env TARGET_SELECTOR]"},
+		{"bad ip mode", []string{"worker", "--bmc-ip-mode", "nodeport"}, nil, 2, "cluster-ip"},
+		{"bad log level", []string{"worker", "--log-level", "loud", "--kubeconfig", "/nonexistent"}, nil, 2, "log-level"},
+		{"bad namespace", []string{"worker", "--namespace", "Bad_NS"}, nil, 2, "namespace"},
+		{"stray argument", []string{"worker", "oops"}, nil, 2, "unexpected argument"},
+		{"zero jobs", []string{"worker", "--jobs", "0"}, nil, 2, "positive"},
+		{"bad prefix", []string{"errors", "--subject-prefix", "a..b", "--since", "1h"}, nil, 2, "prefix"},
+		{"unknown error kind", []string{"errors", "--kind", "boom"}, nil, 2, "not an error kind"},
+		{"empty static list", []string{"discovery", "--static", ",", "--static-name", "x", "--leader-elect=false", "--health-addr", ""}, nil, 2, ""},
+		{"bad static url", []string{"discovery", "--static", "a=ftp://x", "--leader-elect=false", "--health-addr", ""}, nil, 2, "scheme"},
+		{"static with election but no cluster", []string{"discovery", "--static", "a=https://x:1", "--health-addr", ""}, nil, 2, "leader-elect=false"},
+		{"bad env value", []string{"matsim"}, map[string]string{"MATBUS_HOSTS": "many"}, 2, "MATBUS_HOSTS"},
+		{"version", []string{"version"}, nil, 0, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, out, errOut := runArgs(t, c.env, c.args...)
+			if code != c.code || !strings.Contains(out+errOut, c.want) {
+				t.Fatalf("exit %d (want %d), output:\n%s%s", code, c.code, out, errOut)
+			}
+		})
+	}
+}
+
+// TestDevOnce runs `matbus dev --once` end to end on real parts: embedded
+// NATS, a local etcd + kube-apiserver, two HTTPS simulators, discovery and
+// workers; it must converge and report every BMC's Service and no errors.
+func TestDevOnce(t *testing.T) {
+	if _, err := kubelocal.FindBinaries(); errors.Is(err, kubelocal.ErrNoBinaries) && os.Getenv("MATBUS_REQUIRE_K8S") == "" {
+		t.Skip("kube-apiserver/etcd not built; run `make tools` (make test does)")
+	}
+	code, out, errOut := runArgs(t, map[string]string{"KUBECONFIG": ""}, "dev", "--once", "--nats-port", "0", "--hosts", "3",
+		"--dpus-per-host", "2", "--timeout", "2m", "--log-level", "warn")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var s devSummary
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
+		t.Fatalf("last line is not the JSON summary: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	// 2 simulators × (3 hosts + 6 DPUs + 1 switch + 1 power shelf).
+	if code != 0 || !s.Converged || s.Services != 22 || s.Expected != 22 || s.Errors != 0 {
+		t.Fatalf("exit %d, summary %+v\nstdout:\n%s\nstderr:\n%s", code, s, out, errOut)
+	}
+	if strings.Count(out, "+ service mat-bmc-") != 22 {
+		t.Fatalf("expected 22 created-Service lines:\n%s", out)
+	}
+}
