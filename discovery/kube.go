@@ -177,13 +177,13 @@ func (s *KubeSource) instance(svc *corev1.Service) (events.Instance, error) {
 	}
 	if u := svc.Annotations[URLAnnotation]; u != "" {
 		if err := events.ValidateURL(u); err != nil {
-			return events.Instance{}, fmt.Errorf("Service %s/%s annotation %s: %w", svc.Namespace, svc.Name, URLAnnotation, err)
+			return events.Instance{}, fmt.Errorf("service %s/%s annotation %s: %w", svc.Namespace, svc.Name, URLAnnotation, err)
 		}
 		inst.URL = u
 		return inst, nil
 	}
 	if len(svc.Spec.Ports) == 0 {
-		return events.Instance{}, fmt.Errorf("Service %s/%s has no ports", svc.Namespace, svc.Name)
+		return events.Instance{}, fmt.Errorf("service %s/%s has no ports", svc.Namespace, svc.Name)
 	}
 	port := svc.Spec.Ports[0].Port
 	for _, p := range svc.Spec.Ports {
@@ -196,7 +196,7 @@ func (s *KubeSource) instance(svc *corev1.Service) (events.Instance, error) {
 	if s.cfg.HostMode == "cluster-ip" {
 		host = svc.Spec.ClusterIP
 		if host == "" || host == corev1.ClusterIPNone {
-			return events.Instance{}, fmt.Errorf("Service %s/%s has no cluster IP (use host mode dns)", svc.Namespace, svc.Name)
+			return events.Instance{}, fmt.Errorf("service %s/%s has no cluster IP (use host mode dns)", svc.Namespace, svc.Name)
 		}
 	}
 	inst.URL = s.cfg.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port)))

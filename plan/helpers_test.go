@@ -140,8 +140,6 @@ func (a *fakeAPI) list() []*corev1.Service {
 	return out
 }
 
-func (a *fakeAPI) get(name string) *corev1.Service { return a.svcs[name] }
-
 func (a *fakeAPI) next() int { a.seq++; return a.seq }
 
 func (a *fakeAPI) create(s *corev1.Service) {
