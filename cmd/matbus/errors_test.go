@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/natsserver"
+)
+
+// TestErrorsSince prints recorded error events, filtered by kind, and an
+// unreadable message on the error subjects as such instead of failing.
+func TestErrorsSince(t *testing.T) {
+	s, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	bus, err := events.New(nc, events.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rep := events.NewReporter(bus, nil, "w-1", -1)
+	rep.Report(ctx, events.Error{Kind: events.ErrorDelete, Instance: "ns.mat-0", Service: "ns/mat-bmc-host-a", Message: "forbidden", Permanent: true})
+	rep.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: "ns.mat-1", URL: "https://h:1266", Message: "HTTP 500"})
+	if _, err := bus.JS.Publish(ctx, "mat.errors.fetch", []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+
+	code, out, errOut := runArgs(t, nil, "errors", "--nats-url", s.ClientURL(), "--since", "1h", "--follow=false")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "delete") || !strings.Contains(lines[0], "service=ns/mat-bmc-host-a") ||
+		!strings.Contains(lines[0], "permanent") || !strings.Contains(lines[0], ": forbidden") ||
+		!strings.Contains(lines[1], "url=https://h:1266") || !strings.Contains(lines[2], "unreadable error event") {
+		t.Fatalf("output:\n%s", out)
+	}
+	code, out, _ = runArgs(t, nil, "errors", "--nats-url", s.ClientURL(), "--since", "1h", "--follow=false", "--kind", "delete")
+	if code != 0 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "delete") {
+		t.Fatalf("--kind delete printed:\n%s", out)
+	}
+}
