@@ -125,3 +125,7 @@ func trials() int {
 	}
 	return 5
 }
+
+// longRun reports whether the slow variants run ($FAULT_LONG, set by
+// `make faulttest-long`).
+func longRun() bool { return os.Getenv("FAULT_LONG") != "" }

@@ -678,3 +678,37 @@ func formatErrs(list []errEvent) string {
 	}
 	return b.String()
 }
+
+// ---- Kubernetes discovery: MAT API Services pointing at the simulators ----
+
+// discover creates the MAT API Service that `matbus discovery` finds for
+// in: the default discovery label and the URL annotation naming the
+// simulator (headless, so it takes no cluster IP from the BMC ranges).
+func (w *world) discover(in *instance) {
+	w.t.Helper()
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: in.name, Namespace: w.ns,
+			Labels:      map[string]string{"nvidia-infra-controller/mat-service": "true"},
+			Annotations: map[string]string{discovery.URLAnnotation: in.url}},
+		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone,
+			Ports: []corev1.ServicePort{{Name: "bmc-mock", Port: 1266}}},
+	}
+	if _, err := adminKube.CoreV1().Services(w.ns).Create(w.ctx, svc, metav1.CreateOptions{}); err != nil {
+		w.t.Fatalf("create MAT Service %s: %v", in.name, err)
+	}
+}
+
+// undiscover deletes in's MAT API Service.
+func (w *world) undiscover(in *instance) {
+	w.t.Helper()
+	if err := adminKube.CoreV1().Services(w.ns).Delete(w.ctx, in.name, metav1.DeleteOptions{}); err != nil {
+		w.t.Fatalf("delete MAT Service %s: %v", in.name, err)
+	}
+}
+
+// instancePresent reports whether the instances stream holds an appeared
+// record for in.
+func (w *world) instancePresent(in *instance) bool {
+	rec, found, err := w.bus.LastInstance(w.ctx, in.key())
+	return err == nil && found && rec.Present()
+}
