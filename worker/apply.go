@@ -20,6 +20,12 @@ import (
 // that another tool manages.
 var errNotOurs = errors.New("a Service of that name exists and is not managed by matbus")
 
+// errOutsideRange is returned by recreate, before it deletes anything, when
+// the new cluster IP lies outside the known service range: the create would
+// be refused, and deleting and restoring the old Service on every sync only
+// churned it.
+var errOutsideRange = errors.New("outside the service range")
+
 // apply runs creates, updates and recreates with at most Concurrency API
 // writes at once, each retried with its own backoff, then publishes the
 // deletes as delete jobs. Permanent failures are reported at once and do not
@@ -87,24 +93,34 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	return nil
 }
 
+// allocAttempts bounds the tries of one write refused with "IP already
+// allocated" (a 422 that Classify calls transient). A few quick tries let a
+// swap of BMC IPs within one plan settle; a conflict that outlasts them is
+// held by another Service until someone changes it, so it is reported as
+// permanent and left to the next sync instead of being retried for
+// RetryMaxElapsed and redelivered (which made every sync job hammer the API
+// server with creates).
+const allocAttempts = 3
+
 // retry runs fn with a fresh exponential backoff bounded by RetryMaxElapsed
 // and the job's context. Conflicts are retried silently; an "IP already
-// allocated" refusal is reported once and retried; permanent failures are
-// reported and end the loop. It returns the class of the last error.
+// allocated" refusal is tried allocAttempts times and then treated as
+// permanent; permanent failures are reported and end the loop. It returns
+// the class of the last error.
 func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, svc *corev1.Service,
 	fn func(ctx context.Context, attempt int) error) (Class, error) {
 	bo := backoff.WithContext(w.newBackoff(w.cfg.RetryMaxElapsed), ctx)
 	attempt := 0
 	cls := Transient
 	var msg string
-	reportedAlloc := false
+	allocRefusals := 0
 	err := backoff.Retry(func() error {
 		attempt++
 		err := fn(ctx, attempt)
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, errNotOurs) {
+		if errors.Is(err, errNotOurs) || errors.Is(err, errOutsideRange) {
 			cls, msg = Permanent, err.Error()
 			return backoff.Permanent(err)
 		}
@@ -113,10 +129,11 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 		case Permanent, Canceled:
 			return backoff.Permanent(err)
 		}
-		if apierrors.IsInvalid(err) && !reportedAlloc {
-			reportedAlloc = true
-			w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Service: svc.Namespace + "/" + svc.Name,
-				MatID: svc.Annotations[plan.AnnotationMatID], Message: msg + " (retrying)", Attempts: attempt})
+		if apierrors.IsInvalid(err) {
+			if allocRefusals++; allocRefusals >= allocAttempts {
+				cls = Permanent
+				return backoff.Permanent(err)
+			}
 		}
 		w.log.Debug("retrying Service write", "service", svc.Name, "attempt", attempt, "error", err)
 		return err
@@ -189,11 +206,17 @@ func (w *Worker) reconverge(ctx context.Context, want *corev1.Service) error {
 }
 
 // recreate replaces old by want when an immutable field (spec.clusterIP)
-// changed: delete old with its UID as precondition, then create want. If
-// the create is refused permanently, the old Service is put back (without
-// its UID) so the BMC stays reachable at its previous IP, and the error is
-// returned.
+// changed: delete old with its UID as precondition, then create want. A new
+// cluster IP known to lie outside the service range is refused before
+// anything is deleted (errOutsideRange), so old keeps serving its IP. If
+// the create is refused permanently otherwise, the old Service is put back
+// (without its UID) so the BMC stays reachable at its previous IP, and the
+// error is returned.
 func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error {
+	if ip := want.Spec.ClusterIP; w.cfg.Classifier.OutsideRange(ip) {
+		return fmt.Errorf("cluster IP %s: %w %v (use --bmc-ip-mode=external-ip?); %s/%s keeps %s",
+			ip, errOutsideRange, w.cfg.Classifier.ServiceCIDRs, old.Namespace, old.Name, old.Spec.ClusterIP)
+	}
 	svcs := w.kube.CoreV1().Services(old.Namespace)
 	uid := old.UID
 	err := svcs.Delete(ctx, old.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})

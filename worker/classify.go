@@ -88,6 +88,13 @@ func (c Classifier) Classify(ctx context.Context, err error, svc *corev1.Service
 	return Permanent, err.Error()
 }
 
+// OutsideRange reports whether ip is known to lie outside every service
+// CIDR: false when ServiceCIDRs is empty or ip is not an IP address.
+func (c Classifier) OutsideRange(ip string) bool {
+	a, err := netip.ParseAddr(ip)
+	return err == nil && len(c.ServiceCIDRs) > 0 && !c.inRange(a)
+}
+
 func (c Classifier) inRange(ip netip.Addr) bool {
 	for _, p := range c.ServiceCIDRs {
 		if p.Contains(ip) {

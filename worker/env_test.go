@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"os"
 	"sort"
@@ -383,6 +384,7 @@ type workerOpts struct {
 type testWorker struct {
 	*worker.Worker
 	clients *recFactory
+	api     *apiCalls
 }
 
 // startWorker starts a worker on its own NATS connection and waits until it
@@ -396,7 +398,10 @@ func (e *env) startWorker(o workerOpts) *testWorker {
 	if rc == nil {
 		rc = cluster.RESTConfig()
 	}
-	kube, err := kubernetes.NewForConfig(restConfig(rc))
+	calls := &apiCalls{n: map[string]int{}}
+	rc = restConfig(rc)
+	rc.Wrap(func(rt http.RoundTripper) http.RoundTripper { return calls.wrap(rt) })
+	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -439,8 +444,41 @@ func (e *env) startWorker(o workerOpts) *testWorker {
 		nc.Close()
 	})
 	waitFor(e.t, "worker "+o.Name+" ready", func() (bool, string) { return w.Ready(), "not ready" })
-	return &testWorker{Worker: w, clients: f}
+	return &testWorker{Worker: w, clients: f, api: calls}
 }
+
+// apiCalls counts the worker's API requests by "METHOD resource[/name]"
+// (watch and list requests are counted as GET of the collection).
+type apiCalls struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *apiCalls) wrap(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		// /api/v1/namespaces/<ns>/services[/<name>]
+		parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+		what := r.URL.Path
+		if len(parts) >= 5 && parts[2] == "namespaces" {
+			what = strings.Join(parts[4:], "/")
+		}
+		c.mu.Lock()
+		c.n[r.Method+" "+what]++
+		c.mu.Unlock()
+		return rt.RoundTrip(r)
+	})
+}
+
+// Count returns how many requests "METHOD resource[/name]" were made.
+func (c *apiCalls) Count(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // recClient is a matclient.Client that counts Close calls and can fail them.
 type recClient struct {

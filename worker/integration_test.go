@@ -6,12 +6,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
@@ -405,5 +408,490 @@ func TestConcurrentDeleteFailuresForbidden(t *testing.T) {
 	}
 	if after := uids(e.services()); !mapsEqual(after, before) {
 		t.Errorf("Services changed although every delete was refused:\nbefore %v\nafter  %v", before, after)
+	}
+}
+
+// TestFetchFailureDeletesNothing: when the status fetch fails (HTTP 500, a
+// hanging server, a malformed body), the instance's Services from the last
+// good sync stay untouched and the failure is published to mat.errors.fetch.
+func TestFetchFailureDeletesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		fault     matsim.FaultMode
+		permanent bool
+	}{
+		{matsim.Fault500, false},
+		{matsim.FaultHang, false},
+		{matsim.FaultMalformed, true},
+	} {
+		t.Run(tc.fault.String(), func(t *testing.T) {
+			e := newEnv(t)
+			sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+			e.startDiscovery(e.entry("mat-a", sim.URL()))
+			w := e.startWorker(workerOpts{ClientTimeout: 500 * time.Millisecond})
+			before := uids(e.waitServices(v2MixedNames()...))
+			waitSyncs(t, w, 1)
+
+			sim.SetFault(tc.fault)
+			waitFor(t, "a fetch error event", func() (bool, string) {
+				return len(e.errs.Of(errKind("fetch"))) > 0, "none yet"
+			})
+			ev := e.errs.Of(errKind("fetch"))[0]
+			if ev.Instance != e.key("mat-a") || ev.URL != sim.URL() || ev.Permanent != tc.permanent {
+				t.Errorf("fetch event = %+v, want instance %s, url %s, permanent %v", ev, e.key("mat-a"), sim.URL(), tc.permanent)
+			}
+			if !strings.Contains(ev.Message, "no Service changed") {
+				t.Errorf("fetch event message: %s", ev.Message)
+			}
+			// More failing syncs: still nothing deleted or changed.
+			reqs := sim.Requests()
+			waitFor(t, "more failing fetches", func() (bool, string) {
+				return sim.Requests() >= reqs+3, fmt.Sprintf("requests %d", sim.Requests())
+			})
+			waitSyncs(t, w, 1)
+			if after := uids(e.services()); !mapsEqual(after, before) {
+				t.Errorf("Services changed during fetch failures:\nbefore %v\nafter  %v", before, after)
+			}
+			if s := w.Stats(); s.DeleteJobs != 0 || s.Deleted != 0 || s.Created != int64(len(before)) ||
+				s.Updated != 0 || s.Recreated != 0 {
+				t.Errorf("stats = %+v, want only the first sync's creates", s)
+			}
+
+			// Healthy again: syncs succeed and still change nothing.
+			sim.SetFault(matsim.FaultNone)
+			waitSyncs(t, w, 3)
+			if after := uids(e.services()); !mapsEqual(after, before) {
+				t.Errorf("Services changed after recovery")
+			}
+		})
+	}
+}
+
+// TestBMCIPChangeRecreates: a new BMC IP means a new Service (spec.clusterIP
+// is immutable): same name, new UID, the new IP; the others stay.
+func TestBMCIPChangeRecreates(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	before := e.waitServices(v2MixedNames()...)
+
+	const name = "mat-bmc-host-7ec7b7c3-126-c030b365"
+	if err := sim.SetBMCIP("7ec7b7c3-126b-412a-babf-fd79d002e921", "10.96.64.50"); err != nil {
+		t.Fatal(err)
+	}
+	var s *corev1.Service
+	waitFor(t, name+" on 10.96.64.50", func() (bool, string) {
+		s = e.service(name)
+		if s == nil {
+			return false, "missing"
+		}
+		return s.Spec.ClusterIP == "10.96.64.50", "clusterIP " + s.Spec.ClusterIP
+	})
+	if s.UID == before[name].UID {
+		t.Errorf("UID unchanged (%s): the Service was not re-created", s.UID)
+	}
+	if got := s.Annotations[plan.AnnotationBMCIP]; got != "10.96.64.50" {
+		t.Errorf("bmc-ip annotation = %q", got)
+	}
+	waitSyncs(t, w, 2)
+	after := e.waitServices(v2MixedNames()...)
+	for n, old := range before {
+		if n != name && after[n].UID != old.UID {
+			t.Errorf("%s was touched (UID %s -> %s)", n, old.UID, after[n].UID)
+		}
+	}
+	if st := w.Stats(); st.Recreated != 1 || st.Deleted != 0 || st.Created != int64(len(before)) {
+		t.Errorf("stats = %+v, want one recreate", st)
+	}
+	if evs := e.errs.Of(errKind("create")); len(evs) != 0 {
+		t.Errorf("create errors: %+v", evs)
+	}
+}
+
+// TestClusterIPAlreadyAllocated: a BMC IP held by a foreign Service cannot
+// be the clusterIP of ours. That yields an error event naming the IP, a
+// bounded number of events while the conflict lasts (no crash, no storm),
+// the foreign Service is not touched, and once it is gone ours is created.
+func TestClusterIPAlreadyAllocated(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	before := e.waitServices(v2MixedNames()...)
+
+	foreign, err := e.kube.CoreV1().Services(e.ns).Create(e.ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "someone-elses", Labels: map[string]string{"team": "other"}},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.64.60",
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const name = "mat-bmc-host-7ec7b7c3-126-c030b365"
+	service := e.ns + "/" + name
+	if err := sim.SetBMCIP("7ec7b7c3-126b-412a-babf-fd79d002e921", "10.96.64.60"); err != nil {
+		t.Fatal(err)
+	}
+	forService := func() []events.Error {
+		var out []events.Error
+		for _, k := range events.ErrorKinds {
+			for _, ev := range e.errs.Of(k) {
+				if ev.Service == service || ev.Instance == e.key("mat-a") {
+					out = append(out, ev)
+				}
+			}
+		}
+		return out
+	}
+	waitFor(t, "an error event for the allocated IP", func() (bool, string) {
+		for _, ev := range e.errs.Of(errKind("create")) {
+			if ev.Service == service && ev.Permanent && hasAll(ev.Message, "10.96.64.60", "allocated") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("events: %+v", forService())
+	})
+	// While the conflict lasts, syncs keep coming (each fetches the status):
+	// the events stay few.
+	reqs, posts := sim.Requests(), w.api.Count("POST services")
+	waitFor(t, "more syncs during the conflict", func() (bool, string) {
+		return sim.Requests() >= reqs+8, fmt.Sprintf("requests %d", sim.Requests())
+	})
+	fetches, creates := sim.Requests()-reqs, w.api.Count("POST services")-posts
+	// Each sync job tries the create a few times (allocAttempts = 3), then
+	// leaves it to the next sync; one job may have been running already.
+	if creates > 3*(int(fetches)+1) {
+		t.Errorf("retry storm: %d creates during %d sync jobs", creates, fetches)
+	}
+	if evs := forService(); len(evs) > 3 {
+		t.Errorf("%d error events during the conflict, want at most 3: %+v", len(evs), evs)
+	}
+	if !w.Ready() {
+		t.Errorf("worker not ready during the conflict")
+	}
+	if got := e.service("someone-elses"); got == nil || got.UID != foreign.UID || len(got.Labels) != 1 {
+		t.Fatalf("foreign Service touched: %+v", got)
+	}
+	for n, old := range before {
+		if s := e.service(n); n != name && (s == nil || s.UID != old.UID) {
+			t.Errorf("%s was touched", n)
+		}
+	}
+
+	// The holder goes: our Service gets the IP.
+	if err := e.kube.CoreV1().Services(e.ns).Delete(e.ctx, "someone-elses", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, name+" on 10.96.64.60", func() (bool, string) {
+		s := e.service(name)
+		if s == nil {
+			return false, "missing"
+		}
+		return s.Spec.ClusterIP == "10.96.64.60", "clusterIP " + s.Spec.ClusterIP
+	})
+}
+
+// TestForeignMetadataSurvivesUpdate: labels and annotations someone else put
+// on our Service are kept when a status change updates it in place.
+func TestForeignMetadataSurvivesUpdate(t *testing.T) {
+	e := newEnv(t)
+	fleet := fixtureFleet(t, fixtureV2Mixed)
+	sim := e.startSim(matsim.Options{Fleet: fleet})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	e.waitServices(v2MixedNames()...)
+
+	const name = "mat-bmc-host-922f3d9b-20b-4da64654"
+	svc := e.service(name)
+	svc.Labels["team.example.com/owner"] = "infra"
+	svc.Annotations["example.com/note"] = "do not remove"
+	svc, err := e.kube.CoreV1().Services(e.ns).Update(e.ctx, svc, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid := svc.UID
+
+	// MAT reports a new API and power state for the host: an in-place update.
+	next := fleet.Clone()
+	next.Machines[0].APIState = "Assigned/Ready"
+	next.Machines[0].PowerState = "Off"
+	if err := sim.SetFleet(next); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the update", func() (bool, string) {
+		svc = e.service(name)
+		return svc.Annotations[plan.AnnotationAPIState] == "Assigned/Ready" &&
+			svc.Annotations[plan.AnnotationPowerState] == "Off", fmt.Sprintf("annotations %v", svc.Annotations)
+	})
+	if svc.UID != uid {
+		t.Errorf("Service re-created (UID %s -> %s), want an update", uid, svc.UID)
+	}
+	if got := svc.Labels["team.example.com/owner"]; got != "infra" {
+		t.Errorf("foreign label lost: labels %v", svc.Labels)
+	}
+	if got := svc.Annotations["example.com/note"]; got != "do not remove" {
+		t.Errorf("foreign annotation lost: annotations %v", svc.Annotations)
+	}
+	if got := svc.Labels[plan.LabelInstance]; got != e.key("mat-a") {
+		t.Errorf("our instance label = %q", got)
+	}
+	// Converged: later syncs leave it alone (foreign keys are not a diff).
+	waitSyncs(t, w, 3)
+	if s := w.Stats(); s.Updated != 1 || s.Recreated != 0 || s.DeleteJobs != 0 {
+		t.Errorf("stats = %+v, want exactly one update", s)
+	}
+	if got := e.service(name); got.ResourceVersion != svc.ResourceVersion {
+		t.Errorf("Service written again after converging (resourceVersion %s -> %s)", svc.ResourceVersion, got.ResourceVersion)
+	}
+}
+
+// TestRemovedDeviceDeleted: a device gone from the status has its Service
+// deleted through a delete job; the other Services are untouched.
+func TestRemovedDeviceDeleted(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	before := e.waitServices(v2MixedNames()...)
+
+	const gone = "mat-bmc-host-d5bb3746-fdf-4f4ad08b"
+	if err := sim.RemoveDevice("d5bb3746-fdf8-424d-ba9d-3d7d407756a9"); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.DeleteFunc(v2MixedNames(), func(n string) bool { return n == gone })
+	after := e.waitServices(want...)
+	for _, n := range want {
+		if after[n].UID != before[n].UID || after[n].ResourceVersion != before[n].ResourceVersion {
+			t.Errorf("%s was touched", n)
+		}
+	}
+	waitSyncs(t, w, 2)
+	if s := w.Stats(); s.DeleteJobs < 1 || s.Deleted != 1 || s.Created != int64(len(before)) || s.Updated != 0 {
+		t.Errorf("stats = %+v, want one delete job that deleted one Service", s)
+	}
+	if evs := e.errs.Of(errKind("delete")); len(evs) != 0 {
+		t.Errorf("delete errors: %+v", evs)
+	}
+}
+
+// TestAdoptOldControllerServices: the Services the polling controller left
+// (same names, managed-by mat-k8s-controller, no instance label) are
+// adopted by the first sync: updated in place with the instance label,
+// nothing created, deleted or re-created. An old Service no device asks for
+// is left alone: without an instance label it is not known to be ours to delete.
+func TestAdoptOldControllerServices(t *testing.T) {
+	e := newEnv(t)
+	body, err := os.ReadFile(fixtureV2Mixed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := matclient.Decode(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := plan.Options{Namespace: e.ns, IPMode: plan.IPModeClusterIP}
+	desired := plan.Build(plan.Instance{Key: e.key("mat-a")}, st, opts)
+	old := append([]*corev1.Service(nil), desired.Services...)
+	orphan := desired.Services[0].DeepCopy()
+	orphan.Name = "mat-bmc-host-0ld-c0ntr0ller"
+	orphan.Spec.ClusterIP, orphan.Spec.ClusterIPs = "10.96.64.99", []string{"10.96.64.99"}
+	old = append(old, orphan)
+	before := map[string]string{}
+	for _, s := range old {
+		s = s.DeepCopy()
+		delete(s.Labels, plan.LabelInstance)
+		got, err := e.kube.CoreV1().Services(e.ns).Create(e.ctx, s, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create old Service %s: %v", s.Name, err)
+		}
+		before[got.Name] = string(got.UID)
+	}
+
+	sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	waitFor(t, "every Service adopted", func() (bool, string) {
+		n := 0
+		for _, s := range e.services() {
+			if s.Labels[plan.LabelInstance] == e.key("mat-a") {
+				n++
+			}
+		}
+		return n == len(v2MixedServices), fmt.Sprintf("%d adopted", n)
+	})
+	waitSyncs(t, w, 2)
+	after := e.services()
+	if got := uids(after); !mapsEqual(got, before) {
+		t.Errorf("UIDs changed:\nbefore %v\nafter  %v", before, got)
+	}
+	if _, ok := after[orphan.Name].Labels[plan.LabelInstance]; ok {
+		t.Errorf("the old Service no device asks for was given an instance label")
+	}
+	s := w.Stats()
+	if s.Created != 0 || s.Recreated != 0 || s.Deleted != 0 || s.DeleteJobs != 0 {
+		t.Errorf("stats = %+v, want no create, recreate or delete", s)
+	}
+	if s.Updated != int64(len(v2MixedServices)) {
+		t.Errorf("Stats().Updated = %d, want %d (one per adopted Service)", s.Updated, len(v2MixedServices))
+	}
+}
+
+// TestGoneInstanceCleanedUp: an instance removed from discovery has its
+// Services deleted through one clean-up job and one delete job per Service,
+// each done once by one of two workers; the other instance's Services are
+// untouched.
+func TestGoneInstanceCleanedUp(t *testing.T) {
+	e := newEnv(t)
+	fleetA := generatedFleet(t, "10.96.90.0/24", 7)
+	fleetB := generatedFleet(t, "10.96.91.0/24", 8)
+	simA := e.startSim(matsim.Options{Fleet: fleetA})
+	simB := e.startSim(matsim.Options{Fleet: fleetB})
+	src := e.startDiscovery(e.entry("mat-a", simA.URL()), e.entry("mat-b", simB.URL()))
+	workers := []*testWorker{e.startWorker(workerOpts{Name: "worker-1"}), e.startWorker(workerOpts{Name: "worker-2"})}
+	namesA, namesB := wantServiceNames(fleetA), wantServiceNames(fleetB)
+	before := e.waitServices(append(slices.Clone(namesA), namesB...)...)
+
+	if err := src.Set([]discoveryEntry{e.entry("mat-b", simB.URL())}); err != nil {
+		t.Fatal(err)
+	}
+	after := e.waitServices(namesB...)
+	for _, n := range namesB {
+		if after[n].UID != before[n].UID || after[n].ResourceVersion != before[n].ResourceVersion {
+			t.Errorf("%s of the present instance was touched", n)
+		}
+	}
+	var total struct{ cleanups, deleted int64 }
+	waitFor(t, "the clean-up counted", func() (bool, string) {
+		total.cleanups, total.deleted = 0, 0
+		for _, w := range workers {
+			s := w.Stats()
+			total.cleanups += s.Cleanups
+			total.deleted += s.Deleted
+		}
+		return total.cleanups >= 1 && total.deleted >= int64(len(namesA)), fmt.Sprintf("%+v", total)
+	})
+	for _, w := range workers {
+		waitSyncs(t, w, 2)
+	}
+	total.cleanups, total.deleted = 0, 0
+	for _, w := range workers {
+		s := w.Stats()
+		total.cleanups += s.Cleanups
+		total.deleted += s.Deleted
+	}
+	if total.cleanups != 1 || total.deleted != int64(len(namesA)) {
+		t.Errorf("clean-ups %d, deletes %d; want 1 clean-up and %d deletes over both workers",
+			total.cleanups, total.deleted, len(namesA))
+	}
+	for _, kind := range []string{"delete", "create", "update"} {
+		if evs := e.errs.Of(errKind(kind)); len(evs) != 0 {
+			t.Errorf("%s errors: %+v", kind, evs)
+		}
+	}
+}
+
+// TestGarbageJobs: a job that is not JSON, or an envelope of an unknown
+// schema version, is rejected to mat.errors.event and terminated (not
+// redelivered), and the worker keeps working.
+func TestGarbageJobs(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	e.waitServices(v2MixedNames()...)
+
+	s := e.bus.Subjects
+	future := fmt.Sprintf(`{"schema":99,"type":"io.matbus.job.sync","id":"future-1","time":%q,"source":"test","data":{"key":%q,"reason":"tick"}}`,
+		time.Now().UTC().Format(time.RFC3339Nano), e.key("mat-a"))
+	garbage := map[string]string{
+		s.Sync(e.key("garbage")):   "not json",
+		s.Sync(e.key("mat-a")):     future,
+		s.Delete(e.key("garbage")): "not json",
+		s.Cleanup(e.key("mat-a")):  `{"schema":1,"type":"io.matbus.job.cleanup","id":"c1","time":"2026-01-01T00:00:00Z","source":"test","data":{"key":"no dot"}}`,
+	}
+	for subj, body := range garbage {
+		if _, err := e.bus.JS.Publish(e.ctx, subj, []byte(body)); err != nil {
+			t.Fatalf("publish %s: %v", subj, err)
+		}
+	}
+	waitFor(t, "an event error per garbage message", func() (bool, string) {
+		seen := map[string]bool{}
+		for _, ev := range e.errs.Of(errKind("event")) {
+			if _, ok := garbage[ev.Subject]; ok && ev.Permanent {
+				seen[ev.Subject] = true
+			}
+		}
+		return len(seen) == len(garbage), fmt.Sprintf("event errors: %+v", e.errs.Of(errKind("event")))
+	})
+	for _, ev := range e.errs.Of(errKind("event")) {
+		if ev.Subject == s.Sync(e.key("mat-a")) && !strings.Contains(ev.Message, "schema") {
+			t.Errorf("schema 99 rejected without saying so: %s", ev.Message)
+		}
+	}
+	// Terminated: nothing of them is left in the work queues.
+	waitFor(t, "garbage gone from the work queues", func() (bool, string) {
+		var left []string
+		for _, stream := range []string{e.bus.StreamName("SYNC"), e.bus.StreamName("DELETE")} {
+			str, err := e.bus.JS.Stream(e.ctx, stream)
+			if err != nil {
+				return false, err.Error()
+			}
+			for subj := range garbage {
+				if _, err := str.GetLastMsgForSubject(e.ctx, subj); err == nil && subj != s.Sync(e.key("mat-a")) {
+					left = append(left, subj)
+				}
+			}
+		}
+		return len(left) == 0, fmt.Sprintf("left: %v", left)
+	})
+
+	// Still working: a removed device's Service is deleted.
+	if err := sim.RemoveDevice("624423f1-04b4-404c-8d55-d1cb82fa8ae4"); err != nil {
+		t.Fatal(err)
+	}
+	e.waitServices(slices.DeleteFunc(v2MixedNames(), func(n string) bool { return n == "mat-bmc-host-624423f1-04b-216d49b5" })...)
+	waitSyncs(t, w, 2)
+	if s := w.Stats(); s.Deleted != 1 {
+		t.Errorf("stats = %+v", s)
+	}
+	if n := len(e.errs.Bad()); n != 0 {
+		t.Errorf("%d invalid messages on error subjects", n)
+	}
+}
+
+// TestBMCIPOutsideServiceRange: a new BMC IP outside the service range
+// cannot be a clusterIP. That is a permanent error event; the Service keeps
+// serving the previous IP and is not deleted and re-created on every sync.
+func TestBMCIPOutsideServiceRange(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	e.waitServices(v2MixedNames()...)
+
+	const name = "mat-bmc-host-7ec7b7c3-126-c030b365"
+	if err := sim.SetBMCIP("7ec7b7c3-126b-412a-babf-fd79d002e921", "192.0.2.21"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a permanent create error naming the range", func() (bool, string) {
+		for _, ev := range e.errs.Of(errKind("create")) {
+			if ev.Service == e.ns+"/"+name && ev.Permanent && hasAll(ev.Message, "192.0.2.21", "outside the service range") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("create events: %+v", e.errs.Of(errKind("create")))
+	})
+	first := e.service(name)
+	if first == nil || first.Spec.ClusterIP != "10.96.64.13" {
+		t.Fatalf("Service after the refused IP change: %+v", first)
+	}
+	waitSyncs(t, w, 4)
+	last := e.service(name)
+	if last == nil || last.UID != first.UID || last.Spec.ClusterIP != "10.96.64.13" {
+		t.Errorf("Service churned while the new IP is refused: UID %s -> %v", first.UID, last)
+	}
+	if evs := e.errs.Of(errKind("create")); len(evs) > 2 {
+		t.Errorf("%d create error events, want a bounded few: %+v", len(evs), evs)
 	}
 }
