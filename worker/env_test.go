@@ -385,6 +385,8 @@ type testWorker struct {
 	*worker.Worker
 	clients *recFactory
 	api     *apiCalls
+	// Stop cancels Run and waits for it to return (once; cleanup calls it too).
+	Stop func()
 }
 
 // startWorker starts a worker on its own NATS connection and waits until it
@@ -431,20 +433,24 @@ func (e *env) startWorker(o workerOpts) *testWorker {
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	e.onStop(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				e.t.Errorf("worker %s: Run: %v", o.Name, err)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					e.t.Errorf("worker %s: Run: %v", o.Name, err)
+				}
+			case <-time.After(waitTimeout):
+				e.t.Errorf("worker %s did not stop within %v", o.Name, waitTimeout)
 			}
-		case <-time.After(waitTimeout):
-			e.t.Errorf("worker %s did not stop within %v", o.Name, waitTimeout)
-		}
-		nc.Close()
-	})
+			nc.Close()
+		})
+	}
+	e.onStop(stop)
 	waitFor(e.t, "worker "+o.Name+" ready", func() (bool, string) { return w.Ready(), "not ready" })
-	return &testWorker{Worker: w, clients: f, api: calls}
+	return &testWorker{Worker: w, clients: f, api: calls, Stop: stop}
 }
 
 // apiCalls counts the worker's API requests by "METHOD resource[/name]"
@@ -523,17 +529,6 @@ func (f *recFactory) For(url string) []*recClient {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]*recClient(nil), f.byURL[url]...)
-}
-
-// Made returns how many clients were made in all.
-func (f *recFactory) Made() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n := 0
-	for _, cs := range f.byURL {
-		n += len(cs)
-	}
-	return n
 }
 
 // errSink collects the error events published on <prefix>.errors.>.

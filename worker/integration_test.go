@@ -18,6 +18,7 @@ import (
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
+	"github.com/matbus/matbus/worker"
 )
 
 type wantPort struct {
@@ -71,9 +72,9 @@ func TestFullSyncFromFixture(t *testing.T) {
 	e.startDiscovery(e.entry("mat-a", sim.URL()))
 	w := e.startWorker(workerOpts{})
 
-	got := e.waitServices(v2MixedNames()...)
+	e.waitServices(v2MixedNames()...)
 	waitSyncs(t, w, 2) // further syncs change nothing
-	got = e.waitServices(v2MixedNames()...)
+	got := e.waitServices(v2MixedNames()...)
 
 	body, err := os.ReadFile(fixtureV2Mixed)
 	if err != nil {
@@ -894,4 +895,158 @@ func TestBMCIPOutsideServiceRange(t *testing.T) {
 	if evs := e.errs.Of(errKind("create")); len(evs) > 2 {
 		t.Errorf("%d create error events, want a bounded few: %+v", len(evs), evs)
 	}
+}
+
+// TestTwoWorkersConverge: two workers handle sync jobs of the same instance
+// at once while the status changes in several ways (two new BMC IPs, two
+// devices swapping their IPs, a device gone, a state change). They must end
+// in exactly the desired Services and stay there.
+func TestTwoWorkersConverge(t *testing.T) {
+	e := newEnv(t)
+	fleet := fixtureFleet(t, fixtureV2Mixed)
+	sim := e.startSim(matsim.Options{Fleet: fleet})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	workers := []*testWorker{e.startWorker(workerOpts{Name: "worker-1"}), e.startWorker(workerOpts{Name: "worker-2"})}
+	e.waitServices(v2MixedNames()...)
+
+	next := fleet.Clone()
+	host := &next.Machines[0] // 922f3d9b…, DPUs 2458e540… and a15919aa…
+	host.BMC.IP = "10.96.64.51"
+	host.DPUs[0].BMC.IP = "10.96.64.52"
+	next.Machines[1].DPUs[0].BMC.IP = "10.96.64.30"    // 9b8d41e8… takes the switch's IP …
+	next.Machines[3].BMC.IP = "10.96.64.14"            // … and switch 1a530254… takes the DPU's
+	next.Machines[5].APIState = "Maintenance(test)"    // power shelf 624423f1…
+	next.Machines = slices.Delete(next.Machines, 4, 5) // switch d5bb3746… gone
+	if err := sim.SetFleet(next); err != nil {
+		t.Fatal(err)
+	}
+	// Extra sync jobs right away, so that both workers sync at once.
+	for i := range 2 {
+		if err := e.bus.Publish(e.ctx, e.bus.Subjects.Sync(e.key("mat-a")), events.TypeSyncJob,
+			fmt.Sprintf("race-%d", i), events.SyncJob{Key: e.key("mat-a"), Reason: "test"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	want := map[string]string{} // name -> clusterIP
+	next.Status("", 1).Walk(func(d, _ *matclient.Device) {
+		if d.BMC.IP != "" {
+			want[plan.ServiceName(plan.MachineTypeOf(d.Kind), d.MatID)] = d.BMC.IP
+		}
+	})
+	state := func() (map[string]string, map[string]*corev1.Service) {
+		svcs := e.services()
+		got := map[string]string{}
+		for n, s := range svcs {
+			got[n] = s.Spec.ClusterIP
+		}
+		return got, svcs
+	}
+	var settled map[string]*corev1.Service
+	waitFor(t, "the desired Services", func() (bool, string) {
+		got, svcs := state()
+		settled = svcs
+		shelf, ok := svcs["mat-bmc-host-624423f1-04b-216d49b5"]
+		done := mapsEqual(got, want) && ok && shelf.Annotations[plan.AnnotationAPIState] == "Maintenance(test)"
+		return done, fmt.Sprintf("have %v\nwant %v", got, want)
+	})
+	for _, w := range workers {
+		waitSyncs(t, w, 3)
+	}
+	_, final := state()
+	for n, s := range final {
+		if s.ResourceVersion != settled[n].ResourceVersion {
+			t.Errorf("%s still changing after convergence", n)
+		}
+	}
+	for _, kind := range []string{"create", "update", "delete"} {
+		for _, ev := range e.errs.Of(errKind(kind)) {
+			t.Logf("%s event while converging: %+v", kind, ev)
+		}
+	}
+}
+
+// TestDuplicateBMCIPAcrossInstances: two MAT instances report the same BMC
+// IP. The Service made first keeps it; the other device gets no Service and
+// a permanent create event, and nothing flaps: the first Service is never
+// deleted or re-created, and the events stay few.
+func TestDuplicateBMCIPAcrossInstances(t *testing.T) {
+	e := newEnv(t)
+	fleetA := generatedFleet(t, "10.96.92.0/24", 3)
+	fleetB := generatedFleet(t, "10.96.93.0/24", 4)
+	shared := fleetA.Machines[0].BMC.IP
+	fleetB.Machines[0].BMC.IP = shared
+	simA := e.startSim(matsim.Options{Fleet: fleetA})
+	simB := e.startSim(matsim.Options{Fleet: fleetB})
+	src := e.startDiscovery(e.entry("mat-a", simA.URL()))
+	w := e.startWorker(workerOpts{})
+	namesA, namesB := wantServiceNames(fleetA), wantServiceNames(fleetB)
+	before := e.waitServices(namesA...)
+
+	if err := src.Set([]discoveryEntry{e.entry("mat-a", simA.URL()), e.entry("mat-b", simB.URL())}); err != nil {
+		t.Fatal(err)
+	}
+	loser := plan.ServiceName(plan.MachineTypeHost, fleetB.Machines[0].MatID)
+	waitFor(t, "a permanent create event for the duplicate", func() (bool, string) {
+		for _, ev := range e.errs.Of(errKind("create")) {
+			if ev.Service == e.ns+"/"+loser && ev.Permanent && hasAll(ev.Message, shared, "allocated") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("create events: %+v", e.errs.Of(errKind("create")))
+	})
+	wantNames := append(slices.Clone(namesA), slices.DeleteFunc(slices.Clone(namesB), func(n string) bool { return n == loser })...)
+	e.waitServices(wantNames...)
+	reqs := simB.Requests()
+	waitFor(t, "more syncs of mat-b", func() (bool, string) {
+		return simB.Requests() >= reqs+4, fmt.Sprintf("requests %d", simB.Requests())
+	})
+	after := e.waitServices(wantNames...)
+	for _, n := range namesA {
+		if after[n].UID != before[n].UID || after[n].ResourceVersion != before[n].ResourceVersion {
+			t.Errorf("%s of the first instance was touched", n)
+		}
+	}
+	if evs := e.errs.Of(errKind("create")); len(evs) > 3 {
+		t.Errorf("%d create events, want a bounded few: %+v", len(evs), evs)
+	}
+	if s := w.Stats(); s.Deleted != 0 || s.Recreated != 0 {
+		t.Errorf("stats = %+v, want no delete or recreate", s)
+	}
+}
+
+// TestShutdownDuringHangingFetch: a worker stopped while its status fetch
+// hangs returns from Run after its shutdown grace, closes its clients,
+// reports nothing for the abandoned job, and leaves no goroutine behind
+// (checked at cleanup). Another worker then gets the job.
+func TestShutdownDuringHangingFetch(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w1 := e.startWorker(workerOpts{Name: "worker-1", ClientTimeout: 5 * time.Minute,
+		Tweak: func(c *worker.Config) { c.ShutdownGrace = time.Second; c.RetryMaxElapsed = 5 * time.Minute }})
+	e.waitServices(v2MixedNames()...)
+
+	sim.SetFault(matsim.FaultHang)
+	reqs := sim.Requests()
+	waitFor(t, "a hanging fetch", func() (bool, string) {
+		return sim.Requests() > reqs, fmt.Sprintf("requests %d", sim.Requests())
+	})
+	w1.Stop()
+	if w1.Ready() {
+		t.Errorf("stopped worker still ready")
+	}
+	for _, c := range w1.clients.For(sim.URL()) {
+		if c.closes.Load() != 1 {
+			t.Errorf("client closed %d times at shutdown, want 1", c.closes.Load())
+		}
+	}
+	if evs := e.errs.Of(errKind("fetch")); len(evs) != 0 {
+		t.Errorf("fetch events for a job abandoned at shutdown: %+v", evs)
+	}
+
+	sim.SetFault(matsim.FaultNone)
+	w2 := e.startWorker(workerOpts{Name: "worker-2"})
+	waitSyncs(t, w2, 2)
+	e.waitServices(v2MixedNames()...)
 }
