@@ -5,7 +5,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export MATBUS_BIN_DIR := $(CURDIR)/.bin
 ARGS ?=
 
-.PHONY: all build tools run test lint unit fuzz fuzz-long bench clean
+.PHONY: all build tools run test lint unit fuzz fuzz-long bench clean deploy-check
 
 all: build
 
@@ -13,7 +13,7 @@ all: build
 build:
 	$(GO) build -trimpath -o bin/matbus ./cmd/matbus
 
-## tools: etcd and kube-apiserver built from Go modules into .bin/ (once)
+## tools: etcd, kube-apiserver and helm built from Go modules into .bin/ (once)
 tools:
 	@bash hack/tools.sh
 
@@ -24,7 +24,7 @@ run: tools build
 
 ## test: everything CI runs — lint, unit and integration tests with -race on
 ## real NATS and a real kube-apiserver + etcd, and a short fuzz of every decoder.
-test: tools lint unit fuzz
+test: tools lint deploy-check unit fuzz
 
 lint:
 	@echo ">> gofmt"; out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -49,3 +49,11 @@ bench:
 
 clean:
 	rm -rf bin .run
+
+## deploy-check: the Helm chart (helm lint; helm template with default and all
+## optional values, each object server-side dry-run on a local kube-apiserver;
+## discovery + worker run as the chart's ServiceAccount) and docker-compose.yaml
+## (compose-spec loader; flags and env against `matbus <sub> --help`). No Docker needed.
+deploy-check: tools
+	$(MATBUS_BIN_DIR)/helm lint --strict deploy/helm/matbus
+	MATBUS_REQUIRE_K8S=1 $(GO) test -count=1 -timeout 10m ./deploytest/...

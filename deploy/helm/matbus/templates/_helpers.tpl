@@ -1,0 +1,160 @@
+{{/* Chart name, truncated to 63 characters. */}}
+{{- define "matbus.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Full name: <release>-<chart>, or the release name when it already holds the
+chart name. Truncated to 52 characters so "-discovery" still fits in 63.
+*/}}
+{{- define "matbus.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "matbus.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "matbus.labels" -}}
+helm.sh/chart: {{ include "matbus.chart" . }}
+{{ include "matbus.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: matbus
+{{- end }}
+
+{{- define "matbus.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "matbus.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Namespace of the MAT and BMC Services, the Lease, the Role and RoleBinding. */}}
+{{- define "matbus.targetNamespace" -}}
+{{- default .Release.Namespace .Values.namespace }}
+{{- end }}
+
+{{- define "matbus.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "matbus.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "matbus.leaseName" -}}
+{{- default (printf "%s-discovery" (include "matbus.fullname" .)) .Values.discovery.leaderElection.leaseName }}
+{{- end }}
+
+{{- define "matbus.natsSecretName" -}}
+{{- default (printf "%s-nats" (include "matbus.fullname" .)) .Values.nats.existingSecret }}
+{{- end }}
+
+{{- define "matbus.natsHasCredentials" -}}
+{{- if .Values.nats.existingSecret }}{{ if .Values.nats.existingSecretHasCredentials }}true{{ end }}{{ else if .Values.nats.credentials }}true{{ end }}
+{{- end }}
+
+{{/* Stream of the sync jobs, as events.Bus.StreamName("SYNC") names it. */}}
+{{- define "matbus.syncStream" -}}
+{{- printf "%s_SYNC" (.Values.nats.subjectPrefix | replace "." "_" | replace "-" "_" | upper) }}
+{{- end }}
+
+{{- define "matbus.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* Environment shared by both containers: NATS from the Secret, pod identity, common flags. */}}
+{{- define "matbus.commonEnv" -}}
+- name: MATBUS_NATS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "matbus.natsSecretName" . }}
+      key: {{ .Values.nats.urlKey }}
+{{- if include "matbus.natsHasCredentials" . }}
+- name: MATBUS_NATS_CREDS
+  value: /etc/matbus/nats/{{ .Values.nats.credentialsKey }}
+{{- end }}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: NAMESPACE
+  value: {{ include "matbus.targetNamespace" . | quote }}
+- name: MATBUS_SUBJECT_PREFIX
+  value: {{ .Values.nats.subjectPrefix | quote }}
+- name: LOG_LEVEL
+  value: {{ .Values.common.logLevel | quote }}
+- name: MATBUS_LOG_FORMAT
+  value: {{ .Values.common.logFormat | quote }}
+- name: MATBUS_KUBE_QPS
+  value: {{ .Values.common.kubeQPS | quote }}
+- name: MATBUS_KUBE_BURST
+  value: {{ .Values.common.kubeBurst | quote }}
+- name: MATBUS_HEALTH_ADDR
+  value: {{ printf ":%v" .Values.common.healthPort | quote }}
+{{- end }}
+
+{{/* Volumes and mounts of the NATS credentials, when there are any. */}}
+{{- define "matbus.natsVolumes" -}}
+{{- if include "matbus.natsHasCredentials" . }}
+- name: nats-credentials
+  secret:
+    secretName: {{ include "matbus.natsSecretName" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.nats.credentialsKey }}
+        path: {{ .Values.nats.credentialsKey }}
+{{- end }}
+{{- end }}
+
+{{- define "matbus.natsVolumeMounts" -}}
+{{- if include "matbus.natsHasCredentials" . }}
+- name: nats-credentials
+  mountPath: /etc/matbus/nats
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Liveness and readiness probes on the health port. */}}
+{{- define "matbus.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: http
+  periodSeconds: 10
+  timeoutSeconds: 2
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: http
+  periodSeconds: 5
+  timeoutSeconds: 2
+  failureThreshold: 3
+{{- end }}
+
+{{/* Checks of value combinations that cannot work. */}}
+{{- define "matbus.validate" -}}
+{{- if and .Values.worker.autoscaling.enabled .Values.worker.keda.enabled }}
+{{- fail "worker.autoscaling.enabled and worker.keda.enabled are exclusive: KEDA creates its own HorizontalPodAutoscaler" }}
+{{- end }}
+{{- if not (has .Values.worker.bmcIPMode (list "cluster-ip" "external-ip")) }}
+{{- fail (printf "worker.bmcIPMode %q: want cluster-ip or external-ip" .Values.worker.bmcIPMode) }}
+{{- end }}
+{{- if not .Values.image.repository }}
+{{- fail "image.repository is required" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,346 @@
+package deploytest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+
+	"github.com/matbus/matbus/events"
+)
+
+// valueSets are the values the chart is checked with: the defaults, every
+// optional feature on (with KEDA), and the HPA with an existing Secret.
+var valueSets = []struct {
+	name string
+	args []string
+}{
+	{"default", nil},
+	{"all-features", []string{"-f", chartDir + "/ci/all-features-values.yaml"}},
+	{"hpa", []string{"-f", chartDir + "/ci/hpa-values.yaml"}},
+}
+
+func TestHelmLint(t *testing.T) {
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			out := helm(t, append([]string{"lint", "--strict", chartDir}, vs.args...)...)
+			if !strings.Contains(string(out), "0 chart(s) failed") {
+				t.Fatalf("helm lint:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestChartRendersExpectedObjects pins which objects each value set makes,
+// so an optional feature that silently stops rendering is noticed.
+func TestChartRendersExpectedObjects(t *testing.T) {
+	want := map[string][]string{
+		"default": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "Role/matbus", "RoleBinding/matbus",
+			"Secret/matbus-nats", "ServiceAccount/matbus"},
+		"all-features": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "PodDisruptionBudget/matbus-discovery",
+			"PodDisruptionBudget/matbus-worker", "Role/matbus", "RoleBinding/matbus", "ScaledObject/matbus-worker",
+			"Secret/matbus-nats", "ServiceAccount/matbus"},
+		"hpa": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "HorizontalPodAutoscaler/matbus-worker",
+			"Role/matbus", "RoleBinding/matbus", "ServiceAccount/matbus"},
+	}
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			var got []string
+			for _, o := range render(t, "matbus", vs.args...) {
+				got = append(got, o.GetKind()+"/"+o.GetName())
+			}
+			sort.Strings(got)
+			if !slices.Equal(got, want[vs.name]) {
+				t.Errorf("objects:\n got %v\nwant %v", got, want[vs.name])
+			}
+		})
+	}
+}
+
+// TestChartValueErrors: value combinations that cannot work fail the render.
+func TestChartValueErrors(t *testing.T) {
+	for _, tc := range []struct {
+		set, want string
+	}{
+		{"worker.autoscaling.enabled=true,worker.keda.enabled=true", "exclusive"},
+		{"worker.bmcIPMode=node-ip", "want cluster-ip or external-ip"},
+		{"serviceAccount.create=false", "serviceAccount.name is required"},
+	} {
+		cmd := []string{"template", "matbus", chartDir, "--set", tc.set}
+		out, err := helmErr(t, cmd...)
+		if err == nil || !strings.Contains(out, tc.want) {
+			t.Errorf("--set %s: want a failure mentioning %q, got err=%v\n%s", tc.set, tc.want, err, out)
+		}
+	}
+}
+
+// TestChartContainersUseRealFlags: every flag and environment variable of
+// the rendered containers exists in `matbus <subcommand> --help`, and the
+// arguments parse.
+func TestChartContainersUseRealFlags(t *testing.T) {
+	checkNonFlagEnv(t)
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			for _, o := range render(t, "matbus", vs.args...) {
+				if o.GetKind() != "Deployment" {
+					continue
+				}
+				c := container(t, o)
+				if len(c.args) == 0 {
+					t.Fatalf("%s: container has no args", o.GetName())
+				}
+				sub := c.args[0]
+				what := vs.name + " " + o.GetName()
+				checkArgs(t, what, sub, c.args[1:])
+				checkEnv(t, what, sub, c.envNames())
+			}
+		})
+	}
+}
+
+// TestChartImage: the placeholder repository is the default and is easy to
+// override with a tag or a digest; the NOTES warn about the placeholder.
+func TestChartImage(t *testing.T) {
+	img := func(args ...string) string {
+		return container(t, find(t, render(t, "matbus", args...), "Deployment", "-worker")).image
+	}
+	if got := img(); !strings.HasPrefix(got, "registry.example.invalid/") || !strings.HasSuffix(got, ":0.1.0") {
+		t.Errorf("default image %q: want the placeholder repository with the appVersion tag", got)
+	}
+	if got, want := img("--set", "image.repository=reg.example.com/x/matbus", "--set", "image.tag=1.2.3"), "reg.example.com/x/matbus:1.2.3"; got != want {
+		t.Errorf("image %q, want %q", got, want)
+	}
+	if got := img("-f", chartDir+"/ci/hpa-values.yaml"); !strings.Contains(got, "@sha256:") {
+		t.Errorf("image %q: want the digest", got)
+	}
+}
+
+// TestChartNotes: the install notes warn while image.repository is the
+// placeholder. helm template does not render NOTES.txt and an install dry
+// run asks the API server for its version, hence the local cluster.
+func TestChartNotes(t *testing.T) {
+	kc := requireCluster(t).Kubeconfig
+	install := func(args ...string) string {
+		return string(helm(t, append([]string{"install", "matbus", chartDir, "--dry-run=client", "--namespace", "matbus", "--kubeconfig", kc}, args...)...))
+	}
+	if out := install(); !strings.Contains(out, "image.repository is still the chart's placeholder") {
+		t.Errorf("NOTES do not warn about the placeholder repository:\n%s", out)
+	}
+	if out := install("--set", "image.repository=reg.example.com/matbus"); strings.Contains(out, "placeholder") {
+		t.Errorf("NOTES warn about the placeholder although image.repository is set:\n%s", out)
+	}
+}
+
+// TestChartKEDAScalesOnSyncConsumer: the ScaledObject watches the stream
+// and durable consumer the workers really share, for any subject prefix.
+func TestChartKEDAScalesOnSyncConsumer(t *testing.T) {
+	for _, prefix := range []string{events.DefaultPrefix, "lab.mat-1"} {
+		objs := render(t, "matbus", "-f", chartDir+"/ci/all-features-values.yaml", "--set", "nats.subjectPrefix="+prefix)
+		so := find(t, objs, "ScaledObject", "-worker")
+		triggers, _, _ := unstructured.NestedSlice(so.Object, "spec", "triggers")
+		if len(triggers) != 1 {
+			t.Fatalf("want one trigger, got %v", triggers)
+		}
+		md, _, _ := unstructured.NestedStringMap(triggers[0].(map[string]any), "metadata")
+		// StreamName needs no connection; an unconnected Conn satisfies New.
+		bus, err := events.New(&nats.Conn{}, events.Config{Prefix: prefix}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if md["stream"] != bus.StreamName("SYNC") || md["consumer"] != events.SyncConsumer {
+			t.Errorf("prefix %q: trigger on %s/%s, want %s/%s", prefix, md["stream"], md["consumer"], bus.StreamName("SYNC"), events.SyncConsumer)
+		}
+		for _, k := range []string{"natsServerMonitoringEndpoint", "account", "lagThreshold"} {
+			if md[k] == "" {
+				t.Errorf("trigger metadata %s is empty", k)
+			}
+		}
+		target, _, _ := unstructured.NestedString(so.Object, "spec", "scaleTargetRef", "name")
+		if dep := find(t, objs, "Deployment", "-worker"); target != dep.GetName() {
+			t.Errorf("ScaledObject scales %q, want the worker Deployment %q", target, dep.GetName())
+		}
+		if _, found, _ := unstructured.NestedFieldNoCopy(find(t, objs, "Deployment", "-worker").Object, "spec", "replicas"); found {
+			t.Error("worker Deployment sets replicas although KEDA scales it")
+		}
+	}
+}
+
+// TestChartServerDryRun creates every rendered object with a server-side
+// dry run and strict field validation on the real API server: RBAC,
+// Deployments, HPA, PDB, Secret and ServiceAccount are validated by the
+// API itself. The KEDA ScaledObject's CRD is not installed (KEDA's CRD is
+// not vendored into this repository), so that one object is skipped with a
+// logged reason; TestChartKEDAScalesOnSyncConsumer checks its content.
+func TestChartServerDryRun(t *testing.T) {
+	c := requireCluster(t)
+	cfg := adminConfig(c)
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	dyn := dynamic.NewForConfigOrDie(cfg)
+	dc := discovery.NewDiscoveryClientForConfigOrDie(cfg)
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	ctx := context.Background()
+
+	for _, vs := range valueSets {
+		t.Run(vs.name, func(t *testing.T) {
+			ns := newNamespace(t, kube, "dryrun")
+			args := vs.args
+			// all-features puts the Role into another namespace (value `namespace`).
+			target := ns
+			if vs.name == "all-features" {
+				target = newNamespace(t, kube, "target")
+				args = append(slices.Clone(args), "--set", "namespace="+target)
+			}
+			objs := render(t, ns, args...)
+			applied := 0
+			for _, o := range objs {
+				gvk := o.GroupVersionKind()
+				m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+				if err != nil {
+					var nm *meta.NoKindMatchError
+					if gvk.Group == "keda.sh" && errors.As(err, &nm) {
+						t.Logf("skipped %s %s: the KEDA CRD is not installed in the test API server (not vendored); its content is checked by TestChartKEDAScalesOnSyncConsumer", gvk.Kind, o.GetName())
+						continue
+					}
+					t.Fatalf("%s %s: %v", gvk.Kind, o.GetName(), err)
+				}
+				wantNS := ns
+				if o.GetKind() == "Role" || o.GetKind() == "RoleBinding" {
+					wantNS = target
+				}
+				if o.GetNamespace() != wantNS {
+					t.Errorf("%s %s is in namespace %q, want %q", o.GetKind(), o.GetName(), o.GetNamespace(), wantNS)
+				}
+				_, err = dyn.Resource(m.Resource).Namespace(o.GetNamespace()).Create(ctx, o,
+					metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict})
+				if err != nil {
+					t.Errorf("server dry run of %s %s: %v", gvk.Kind, o.GetName(), err)
+					continue
+				}
+				applied++
+			}
+			// A dry run persists nothing.
+			if _, err := kube.AppsV1().Deployments(ns).Get(ctx, "matbus-worker", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("after a dry run, Get worker Deployment: %v, want NotFound", err)
+			}
+			t.Logf("%d objects accepted by the API server (dry run)", applied)
+		})
+	}
+	// The check itself can fail: an invalid object is refused.
+	bad := render(t, "default", "--set", "worker.podDisruptionBudget.enabled=true")
+	pdb := find(t, bad, "PodDisruptionBudget", "-worker")
+	_ = unstructured.SetNestedField(pdb.Object, "not-a-number-or-percent", "spec", "maxUnavailable")
+	m, err := mapper.RESTMapping(pdb.GroupVersionKind().GroupKind(), pdb.GroupVersionKind().Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dyn.Resource(m.Resource).Namespace("default").Create(ctx, pdb, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: metav1.FieldValidationStrict})
+	if !apierrors.IsInvalid(err) {
+		t.Errorf("an invalid PDB was not refused by the dry run: %v", err)
+	}
+}
+
+// TestValuesDocumented: every leaf value in values.yaml has a comment in
+// the lines above it or above its parent.
+func TestValuesDocumented(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, chartDir, "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(b), "\n")
+	documented := func(i int) bool {
+		for j := i - 1; j >= 0; j-- {
+			s := strings.TrimSpace(lines[j])
+			if strings.HasPrefix(s, "#") {
+				return true
+			}
+			// Siblings under one comment ("Scheduling.") share it.
+			if s == "" || indent(lines[j]) < indent(lines[i]) {
+				return false
+			}
+		}
+		return false
+	}
+	for i, l := range lines {
+		s := strings.TrimSpace(l)
+		if s == "" || strings.HasPrefix(s, "#") || strings.HasPrefix(s, "-") || !strings.Contains(s, ":") {
+			continue
+		}
+		if !documented(i) && !parentDocumented(lines, i, documented) {
+			t.Errorf("values.yaml line %d (%s) has no comment", i+1, s)
+		}
+	}
+	if !strings.Contains(string(b), "--set image.repository=") || !strings.Contains(string(b), "PLACEHOLDER") {
+		t.Error("values.yaml must say the default image repository is a placeholder and show a --set example")
+	}
+}
+
+func indent(s string) int { return len(s) - len(strings.TrimLeft(s, " ")) }
+
+// parentDocumented: a key inside a block (resources.requests.cpu) is
+// documented by its top-level block's comment only for plain Kubernetes
+// structures, which this chart passes through.
+func parentDocumented(lines []string, i int, documented func(int) bool) bool {
+	for j := i - 1; j >= 0; j-- {
+		if strings.TrimSpace(lines[j]) == "" || strings.HasPrefix(strings.TrimSpace(lines[j]), "#") {
+			continue
+		}
+		if indent(lines[j]) < indent(lines[i]) {
+			key := strings.TrimSuffix(strings.TrimSpace(lines[j]), ":")
+			if slices.Contains([]string{"resources", "requests", "limits", "podSecurityContext", "securityContext",
+				"seccompProfile", "capabilities"}, key) {
+				return documented(j) || parentDocumented(lines, j, documented)
+			}
+			return false
+		}
+	}
+	return false
+}
+
+// containerInfo is the part of a Deployment's only container the tests read.
+type containerInfo struct {
+	image string
+	args  []string
+	env   []map[string]any
+}
+
+func (c containerInfo) envNames() []string {
+	var out []string
+	for _, e := range c.env {
+		out = append(out, fmt.Sprint(e["name"]))
+	}
+	return out
+}
+
+func container(t *testing.T, dep *unstructured.Unstructured) containerInfo {
+	t.Helper()
+	cs, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
+	if len(cs) != 1 {
+		t.Fatalf("%s: want one container, got %d", dep.GetName(), len(cs))
+	}
+	c := cs[0].(map[string]any)
+	var info containerInfo
+	info.image, _ = c["image"].(string)
+	args, _, _ := unstructured.NestedStringSlice(c, "args")
+	info.args = args
+	env, _ := c["env"].([]any)
+	for _, e := range env {
+		info.env = append(info.env, e.(map[string]any))
+	}
+	return info
+}
