@@ -195,11 +195,29 @@ type jobHandler func(ctx context.Context, env events.Envelope, subject string) e
 // runJobs consumes one durable pull consumer until ctx ends, re-creating the
 // consumer (and its stream) whenever it is lost: deleted, stream
 // re-created, or heartbeats missing after a server restart.
+//
+// It pulls only as many messages as it has free job slots (Jobs): a message
+// is never held in a client-side buffer behind slow jobs, where AckWait
+// would run out without progress and JetStream would redeliver it (and
+// after MaxDeliver drop it without an error event). On the sync consumer a
+// subjectGate lets at most one job per instance run at a time here, so an
+// instance whose jobs are slow (MAT hangs) or keep failing cannot fill every
+// slot with its own tick after tick.
 func (w *Worker) runJobs(ctx, hard context.Context, consumer string, h jobHandler) {
 	log := w.log.With("consumer", consumer)
-	sem := make(chan struct{}, w.cfg.Jobs)
+	slots := make(chan struct{}, w.cfg.Jobs)
+	var gate *subjectGate
+	if consumer == events.SyncConsumer {
+		gate = newSubjectGate(w.bus.Config().AckWait / 3)
+		defer gate.release() // jobs still waiting are left for redelivery
+	}
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
+	free := func(n int) {
+		for range n {
+			<-slots
+		}
+	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		cons, err := w.bus.EnsureConsumer(ctx, consumer)
@@ -220,39 +238,73 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, h jobHandle
 			delay = min(delay*2, 5*time.Second)
 			continue
 		}
-		it, err := cons.Messages(jetstream.PullMaxMessages(w.cfg.Jobs),
-			jetstream.PullHeartbeat(2*time.Second), jetstream.PullExpiry(10*time.Second),
-			jetstream.WithMessagesErrOnMissingHeartbeat(true))
-		if err != nil {
-			log.Warn("pull failed, retrying", "error", err)
-			if !sleep(ctx, delay) {
+		delay = 100 * time.Millisecond
+		for ctx.Err() == nil {
+			// Wait for one free slot, then take every other free one.
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
 				return
 			}
-			continue
-		}
-		delay = 100 * time.Millisecond
-		for {
-			msg, err := it.Next(jetstream.NextContext(ctx))
+			n := 1
+		take:
+			for n < w.cfg.Jobs {
+				select {
+				case slots <- struct{}{}:
+					n++
+				default:
+					break take
+				}
+			}
+			fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchHeartbeat(2*time.Second))
 			if err != nil {
-				it.Stop()
+				cancel()
+				free(n)
 				if ctx.Err() == nil {
-					log.Warn("consumer interrupted, re-attaching", "error", err)
+					log.Warn("pull failed, re-attaching", "error", err)
+					sleep(ctx, delay)
 				}
 				break
 			}
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				_ = msg.Nak()
-				it.Stop()
-				return
+			got := 0
+			for msg := range batch.Messages() {
+				got++
+				if ctx.Err() != nil {
+					_ = msg.Nak()
+					free(1)
+					continue
+				}
+				if gate != nil && !gate.admit(msg) {
+					free(1) // held until its instance's running job ends
+					continue
+				}
+				inflight.Add(1)
+				go func() {
+					defer inflight.Done()
+					defer free(1)
+					w.runJob(hard, msg, h)
+					if gate == nil {
+						return
+					}
+					// Then the jobs of this instance that arrived meanwhile
+					// (at most one waits); at shutdown they are left for
+					// redelivery.
+					for next := gate.done(msg.Subject()); next != nil; next = gate.done(msg.Subject()) {
+						if ctx.Err() != nil {
+							_ = next.Nak()
+							continue
+						}
+						w.runJob(hard, next, h)
+					}
+				}()
 			}
-			inflight.Add(1)
-			go func() {
-				defer inflight.Done()
-				defer func() { <-sem }()
-				w.runJob(hard, msg, h)
-			}()
+			cancel()
+			free(n - got)
+			if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				log.Warn("consumer interrupted, re-attaching", "error", err)
+				break
+			}
 		}
 	}
 }
