@@ -22,6 +22,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
 	"github.com/matbus/matbus/kubelocal"
 )
@@ -272,20 +273,29 @@ func render(t *testing.T, ns string, args ...string) []*unstructured.Unstructure
 
 func decodeObjects(t *testing.T, manifest []byte) []*unstructured.Unstructured {
 	t.Helper()
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(manifest), 4096)
+	rd := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(manifest)))
 	var objs []*unstructured.Unstructured
 	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			t.Fatalf("rendered chart is not YAML: %v", err)
+		doc, err := rd.Read()
+		if errors.Is(err, io.EOF) {
+			break
 		}
-		if len(m) == 0 {
-			continue
+		if err != nil {
+			t.Fatalf("rendered chart: %v", err)
 		}
-		objs = append(objs, &unstructured.Unstructured{Object: m})
+		j, err := yaml.YAMLToJSON(doc)
+		if err != nil {
+			t.Fatalf("rendered chart is not YAML: %v\n%s", err, doc)
+		}
+		if string(bytes.TrimSpace(j)) == "null" {
+			continue // an empty document (a template that rendered nothing)
+		}
+		// UnmarshalJSON keeps integers as int64, as the typed converters expect.
+		o := &unstructured.Unstructured{}
+		if err := o.UnmarshalJSON(j); err != nil {
+			t.Fatalf("rendered object: %v\n%s", err, doc)
+		}
+		objs = append(objs, o)
 	}
 	return objs
 }
