@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -324,6 +325,14 @@ func TestClientCacheEviction(t *testing.T) {
 		}
 		return seen["worker-1"] && seen["worker-2"], fmt.Sprintf("close events: %+v", e.errs.Of(errKind("close")))
 	})
+	// … and logs at warn level.
+	closeLogged := false
+	for _, line := range strings.Split(e.logs.Tail(1<<20), "\n") {
+		closeLogged = closeLogged || hasAll(line, "level=WARN", "kind=close", urlB, errInjectedClose.Error())
+	}
+	if !closeLogged {
+		t.Errorf("the failed Close was not logged at warn level")
+	}
 	for _, w := range workers {
 		for _, url := range []string{urlA, urlA2, urlB} {
 			if n := oneClient(w, url).closes.Load(); n != 1 {
@@ -1049,4 +1058,107 @@ func TestShutdownDuringHangingFetch(t *testing.T) {
 	w2 := e.startWorker(workerOpts{Name: "worker-2"})
 	waitSyncs(t, w2, 2)
 	e.waitServices(v2MixedNames()...)
+}
+
+// TestOwnerReference: Services of an instance with a MAT Deployment carry an
+// owner reference to it, so Kubernetes garbage-collects them with it (no
+// controller-manager runs here, so only the reference is checked).
+func TestOwnerReference(t *testing.T) {
+	e := newEnv(t)
+	labels := map[string]string{"app": "mat"}
+	dep, err := e.kube.AppsV1().Deployments(e.ns).Create(e.ctx, &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "mat"},
+		Spec: appsv1.DeploymentSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "mat", Image: "example.invalid/mat"}}},
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+	entry := e.entry("mat-bmc-mock", sim.URL())
+	entry.Owner = "mat"
+	e.startDiscovery(entry)
+	e.startWorker(workerOpts{})
+	for n, s := range e.waitServices(v2MixedNames()...) {
+		refs := s.OwnerReferences
+		if len(refs) != 1 || refs[0].Kind != "Deployment" || refs[0].APIVersion != "apps/v1" ||
+			refs[0].Name != "mat" || refs[0].UID != dep.UID {
+			t.Errorf("%s: owner references %+v, want the Deployment mat (%s)", n, refs, dep.UID)
+		}
+	}
+}
+
+// TestSharedURLOneClient: two instances with the same URL share one client,
+// which is closed only when the last of them is gone.
+func TestSharedURLOneClient(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+	url := sim.URL()
+	src := e.startDiscovery(e.entry("mat-a", url), e.entry("mat-b", url))
+	w := e.startWorker(workerOpts{})
+	waitSyncs(t, w, 2)
+	cs := w.clients.For(url)
+	if len(cs) != 1 {
+		t.Fatalf("%d clients for one URL, want 1", len(cs))
+	}
+	if err := src.Set([]discoveryEntry{e.entry("mat-b", url)}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the clean-up of mat-a", func() (bool, string) { return w.Stats().Cleanups == 1, fmt.Sprintf("%+v", w.Stats()) })
+	waitSyncs(t, w, 2)
+	if n := cs[0].closes.Load(); n != 0 {
+		t.Errorf("shared client closed %d times while mat-b still uses it", n)
+	}
+	if err := src.Set(nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the shared client closed", func() (bool, string) {
+		return cs[0].closes.Load() == 1, fmt.Sprintf("closes %d", cs[0].closes.Load())
+	})
+	if n := len(w.clients.For(url)); n != 1 {
+		t.Errorf("%d clients made for one URL, want 1", n)
+	}
+}
+
+// TestLateWorker: a worker that starts after discovery has published (and
+// after one instance is already gone again) learns the current instances
+// from the instances stream: it syncs the present one and makes no client
+// for the gone one.
+func TestLateWorker(t *testing.T) {
+	e := newEnv(t)
+	simA := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+	simB := e.startSim(matsim.Options{Fleet: generatedFleet(t, "10.96.94.0/24", 5)})
+	src := e.startDiscovery(e.entry("mat-a", simA.URL()), e.entry("mat-b", simB.URL()))
+	present := func(key string) func() (bool, string) {
+		return func() (bool, string) {
+			rec, found, err := e.bus.LastInstance(e.ctx, key)
+			return err == nil && found && rec.Present(), fmt.Sprintf("found %v, err %v", found, err)
+		}
+	}
+	waitFor(t, "mat-b announced", present(e.key("mat-b")))
+	if err := src.Set([]discoveryEntry{e.entry("mat-a", simA.URL())}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "mat-b gone", func() (bool, string) {
+		ok, state := present(e.key("mat-b"))()
+		return !ok, state
+	})
+
+	w := e.startWorker(workerOpts{})
+	e.waitServices(v2MixedNames()...)
+	waitSyncs(t, w, 2)
+	if n := len(w.clients.For(simB.URL())); n != 0 {
+		t.Errorf("%d clients made for the gone instance", n)
+	}
+	if s := w.Cache().Stats(); !slices.Equal(s.URLs, []string{simA.URL()}) {
+		t.Errorf("cached URLs %v, want only mat-a's", s.URLs)
+	}
+	if simB.Requests() != 0 {
+		t.Errorf("the gone instance was fetched %d times", simB.Requests())
+	}
 }
