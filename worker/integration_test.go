@@ -819,6 +819,8 @@ func TestGarbageJobs(t *testing.T) {
 		s.Sync(e.key("mat-a")):     future,
 		s.Delete(e.key("garbage")): "not json",
 		s.Cleanup(e.key("mat-a")):  `{"schema":1,"type":"io.matbus.job.cleanup","id":"c1","time":"2026-01-01T00:00:00Z","source":"test","data":{"key":"no dot"}}`,
+		// Not a job: every worker reads the instances stream.
+		s.Instance(e.key("bogus")): "not json",
 	}
 	for subj, body := range garbage {
 		if _, err := e.bus.JS.Publish(e.ctx, subj, []byte(body)); err != nil {
@@ -1160,5 +1162,69 @@ func TestLateWorker(t *testing.T) {
 	}
 	if simB.Requests() != 0 {
 		t.Errorf("the gone instance was fetched %d times", simB.Requests())
+	}
+}
+
+// TestDeleteJobSafety: a delete job never removes a Service re-created
+// since the job was made (UID precondition), a Service someone else
+// manages, or a Service of another instance; a job for a Service that is
+// already gone is done without an error event.
+func TestDeleteJobSafety(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{})
+	before := e.waitServices(v2MixedNames()...)
+	foreign, err := e.kube.CoreV1().Services(e.ns).Create(e.ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "mat-bmc-host-foreign", Labels: map[string]string{
+			plan.LabelManagedBy: "someone-else", plan.LabelInstance: e.key("mat-a")}},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	host := before["mat-bmc-host-922f3d9b-20b-4da64654"]
+	jobs := []events.DeleteJob{
+		// Made for an earlier Service of the same name.
+		{Key: e.key("mat-a"), Namespace: e.ns, Name: host.Name, UID: "0b5e1e7e-0000-4000-8000-000000000000", Reason: "stale"},
+		// Someone else's Service.
+		{Key: e.key("mat-a"), Namespace: e.ns, Name: foreign.Name, UID: string(foreign.UID), Reason: "stale"},
+		// Ours, but the job names another instance.
+		{Key: e.key("mat-z"), Namespace: e.ns, Name: host.Name, UID: string(host.UID), Reason: "stale"},
+		// Already gone.
+		{Key: e.key("mat-a"), Namespace: e.ns, Name: "mat-bmc-host-not-there", UID: "0b5e1e7e-0000-4000-8000-000000000001", Reason: "stale"},
+	}
+	for i, j := range jobs {
+		if err := e.bus.Publish(e.ctx, e.bus.Subjects.Delete(j.Key), events.TypeDeleteJob, fmt.Sprintf("test-del-%d", i), j); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the delete queue drained", func() (bool, string) {
+		str, err := e.bus.JS.Stream(e.ctx, e.bus.StreamName("DELETE"))
+		if err != nil {
+			return false, err.Error()
+		}
+		info, err := str.Info(e.ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		return info.State.Msgs == 0, fmt.Sprintf("%d delete jobs left", info.State.Msgs)
+	})
+	waitSyncs(t, w, 1)
+	after := e.services()
+	for n, s := range before {
+		if after[n] == nil || after[n].UID != s.UID {
+			t.Errorf("%s deleted or replaced by a delete job that did not match it", n)
+		}
+	}
+	if after[foreign.Name] == nil {
+		t.Errorf("someone else's Service was deleted")
+	}
+	if s := w.Stats(); s.Deleted != 0 {
+		t.Errorf("Stats().Deleted = %d, want 0", s.Deleted)
+	}
+	if evs := e.errs.Of(errKind("delete")); len(evs) != 0 {
+		t.Errorf("delete error events: %+v", evs)
 	}
 }
