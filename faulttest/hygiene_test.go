@@ -2,9 +2,12 @@ package faulttest
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"testing"
 	"time"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/matsim"
@@ -109,6 +112,62 @@ func TestSlowAndParkedJobsDoNotStallHealthyOnes(t *testing.T) {
 		}
 		if e.Err.Permanent {
 			t.Errorf("permanent error event for a transient failure: %s", formatErrs([]errEvent{e}))
+		}
+	}
+	t.Logf("error events:\n%s", w.errs)
+}
+
+// TestExhaustedJobsAreReportedAndRepaired (issue points 4 and 6): an
+// instance goes away while the API server refuses the deletes of its
+// Services with 503 (admission webhook). Each delete job retries with
+// backoff, is parked and redelivered, and when it exhausts its deliveries
+// an error event says so (attempts = MaxDeliver) and the job is terminated.
+// Once the API server accepts deletes again, the worker's sweep publishes a
+// new clean-up job for the instance that is gone but still has Services, so
+// they are deleted after all: giving up never leaves orphans for good.
+func TestExhaustedJobsAreReportedAndRepaired(t *testing.T) {
+	w := newWorld(t)
+	stuck := w.newInstance("stuck", fleetSpec{hosts: 3, switches: 1}, 0)
+	keep := w.newInstance("keep", fleetSpec{hosts: 3, switches: 1}, 0)
+	const maxDeliver = 3
+	w.startWorker("w1", "--retry-max-elapsed", "2s", "--max-deliver", fmt.Sprint(maxDeliver), "--instance-resync", "2s")
+	disc := w.startStaticDiscovery(stuck, keep)
+	stuck.waitConverged(time.Minute)
+	kept := uidsOf(keep.waitConverged(time.Minute))
+
+	hook := w.failServices(map[string]string{plan.LabelInstance: plan.LabelValue(stuck.key())},
+		http.StatusServiceUnavailable, admissionregistrationv1.Delete)
+	start := time.Now()
+	disc.Remove(stuck)
+	took := w.waitFor("a delete job gives up", time.Minute, func() (bool, string) {
+		for _, e := range w.errs.All() {
+			if e.Err.Kind == events.ErrorDelete && e.Err.Subject == w.bus.Subjects.Delete(stuck.key()) && e.Err.Attempts == maxDeliver {
+				return true, ""
+			}
+		}
+		return false, "no event yet"
+	})
+	t.Logf("measured: first \"gave up after %d deliveries\" delete event %v after the instance went away", maxDeliver, took.Round(time.Millisecond))
+	if n := len(stuck.services()); n == 0 {
+		t.Fatal("the Services were deleted although the API server refused it")
+	}
+	w.waitFor("every delete job ended", time.Minute, func() (bool, string) {
+		n, err := w.streamMsgs("DELETE")
+		return err == nil && n == 0, fmt.Sprintf("%d delete jobs stored (%v)", n, err)
+	})
+	noFlood(t, w.errs.All())
+
+	hook.Remove()
+	start = time.Now()
+	stuck.waitGone(time.Minute)
+	t.Logf("measured: the gone instance's Services deleted by the sweep %v after the API server accepted deletes again (--instance-resync 2s)",
+		time.Since(start).Round(time.Millisecond))
+	if got := uidsOf(keep.services()); !maps.Equal(got, kept) {
+		t.Error("the staying instance's Services changed")
+	}
+	for _, e := range w.errs.All() {
+		if e.Err.Instance != stuck.key() {
+			t.Errorf("error event for another instance: %s", formatErrs([]errEvent{e}))
 		}
 	}
 	t.Logf("error events:\n%s", w.errs)

@@ -5,6 +5,7 @@ import (
 	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -15,9 +16,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// failWebhook makes the real API server refuse creates and updates of the
-// Services in the test namespace that carry matchLabels, with HTTP status
-// code, through a validating admission webhook served by the test. It is
+// failWebhook makes the real API server refuse writes (ops; default create
+// and update) of the Services in the test namespace that carry matchLabels,
+// with HTTP status code, through a validating admission webhook served by
+// the test. It is
 // how a test injects a persistent server-side failure (e.g. 503) for one
 // instance's Services while the API server keeps serving everything else.
 type failWebhook struct {
@@ -27,7 +29,7 @@ type failWebhook struct {
 	denied atomic.Int64
 }
 
-func (w *world) failServices(matchLabels map[string]string, code int32) *failWebhook {
+func (w *world) failServices(matchLabels map[string]string, code int32, ops ...admissionregistrationv1.OperationType) *failWebhook {
 	w.t.Helper()
 	f := &failWebhook{w: w, name: "faulttest-" + w.ns}
 	f.srv = httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
@@ -50,13 +52,16 @@ func (w *world) failServices(matchLabels map[string]string, code int32) *failWeb
 	none := admissionregistrationv1.SideEffectClassNone
 	fail := admissionregistrationv1.Fail
 	timeout := int32(5)
+	if len(ops) == 0 {
+		ops = []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update}
+	}
 	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{Name: f.name},
 		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
 			Name:         "fail.faulttest.matbus.io",
 			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca},
 			Rules: []admissionregistrationv1.RuleWithOperations{{
-				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Operations: ops,
 				Rule: admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"},
 					Resources: []string{"services"}, Scope: &scope},
 			}},
@@ -73,6 +78,10 @@ func (w *world) failServices(matchLabels map[string]string, code int32) *failWeb
 		w.t.Fatalf("create webhook: %v", err)
 	}
 	w.onStop(f.Remove)
+	if !slices.Contains(ops, admissionregistrationv1.Create) {
+		time.Sleep(2 * time.Second) // no dry-run probe for other operations
+		return f
+	}
 	// Wait until the API server uses it: a dry-run create is refused.
 	probe := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "probe", Namespace: w.ns, Labels: matchLabels},
 		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "x", Port: 1}}}}

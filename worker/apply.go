@@ -84,7 +84,7 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if err := w.publishDeletes(ctx, key, p.Delete, "stale"); err != nil {
+	if err := w.publishDeletes(ctx, key, p.Delete, "stale", ""); err != nil {
 		return err
 	}
 	if len(transient) > 0 {

@@ -6,8 +6,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/plan"
 )
 
 // runInstances feeds the client cache from the instances stream. Every
@@ -133,4 +135,66 @@ func (w *Worker) resyncCache(ctx context.Context) {
 		}
 		w.cache.Release(ctx, key)
 	}
+	w.sweepGone(ctx, recs)
+}
+
+// sweepGone repairs clean-ups that did not finish. For every instance whose
+// record has said "gone" for at least two InstanceResync periods while
+// Services with its instance label are still in the informer cache and no
+// clean-up or delete job of it is stored any more (a job gave up, e.g.
+// during a long API outage, and was terminated), it publishes a new
+// clean-up job; workers in the same period publish the same Nats-Msg-Id, so
+// one job results. An instance without a record is never swept: a lost
+// instances stream is not a gone instance.
+func (w *Worker) sweepGone(ctx context.Context, recs map[string]events.InstanceRecord) {
+	if w.services == nil {
+		return
+	}
+	svcs, err := w.services.Services(w.cfg.Plan.Namespace).List(labels.Everything())
+	if err != nil {
+		return
+	}
+	left := map[string]int{}
+	for _, s := range svcs {
+		if v := s.Labels[plan.LabelInstance]; v != "" {
+			left[v]++
+		}
+	}
+	period := int64(w.cfg.InstanceResync)
+	for key, rec := range recs {
+		n := left[plan.LabelValue(key)]
+		if rec.Present() || n == 0 || time.Since(rec.Time) < 2*w.cfg.InstanceResync {
+			continue
+		}
+		// Jobs of the instance still stored: a clean-up is under way or
+		// being retried; do not pile another one on.
+		if w.storedJobs(ctx, "SYNC", w.bus.Subjects.Cleanup(key)) != 0 || w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) != 0 {
+			continue
+		}
+		id := fmt.Sprintf("sweep:%s:%d:%d", key, rec.Seq, time.Now().UnixNano()/period)
+		job := events.CleanupJob{Key: key, Scope: rec.Instance.Scope}
+		if err := w.bus.Publish(ctx, w.bus.Subjects.Cleanup(key), events.TypeCleanupJob, id, job); err != nil {
+			w.log.Warn("clean-up sweep not published", "instance", key, "error", err)
+			continue
+		}
+		w.log.Info("instance gone but Services left: clean-up published again", "instance", key, "services", n)
+	}
+}
+
+// storedJobs counts the messages stored on subject in the stream of role
+// ("SYNC", "DELETE"); -1 when that cannot be read.
+func (w *Worker) storedJobs(ctx context.Context, role, subject string) int64 {
+	s, err := w.bus.JS.Stream(ctx, w.bus.StreamName(role))
+	if err != nil {
+		return -1
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, c := range info.State.Subjects {
+		n += int64(c)
+	}
+	return n
 }

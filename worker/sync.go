@@ -40,7 +40,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 			w.rejectEvent(ctx, subject, err)
 			return &jobError{Err: err, Reported: true}
 		}
-		if err := w.Cleanup(ctx, job.Key); err != nil {
+		if err := w.cleanup(ctx, job.Key, env.ID); err != nil {
 			return err
 		}
 		w.cleanups.Add(1)
@@ -190,6 +190,16 @@ func (w *Worker) existing(key string) ([]*corev1.Service, error) {
 // Cleanup fans out one delete job per Service of a gone instance. If the
 // instance is present again, nothing is deleted.
 func (w *Worker) Cleanup(ctx context.Context, key string) error {
+	return w.cleanup(ctx, key, "")
+}
+
+// cleanup is Cleanup for the clean-up job with envelope id jobID: the
+// delete jobs it publishes carry ids derived from the Service UID and
+// jobID, so a redelivered clean-up job publishes nothing twice while a
+// later clean-up job of the same instance (a sweep) is not swallowed by
+// JetStream's de-duplication of the earlier one's delete jobs. The List is
+// retried with backoff like every other API call.
+func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	if err != nil && !isEventErr(err) {
 		return &jobError{Retry: true, Err: err}
@@ -199,26 +209,50 @@ func (w *Worker) Cleanup(ctx context.Context, key string) error {
 		return nil
 	}
 	w.cache.Release(ctx, key)
-	svcs, err := w.kube.CoreV1().Services(w.cfg.Plan.Namespace).List(ctx, metav1.ListOptions{
-		LabelSelector: plan.InstanceSelector(w.cfg.Plan, key).String()})
+	var svcs *corev1.ServiceList
+	cls := Transient
+	attempts := 0
+	err = backoff.Retry(func() error {
+		attempts++
+		var err error
+		svcs, err = w.kube.CoreV1().Services(w.cfg.Plan.Namespace).List(ctx, metav1.ListOptions{
+			LabelSelector: plan.InstanceSelector(w.cfg.Plan, key).String()})
+		if err == nil {
+			return nil
+		}
+		var msg string
+		if cls, msg = w.cfg.Classifier.Classify(ctx, err, nil); cls != Transient {
+			return backoff.Permanent(errors.New(msg))
+		}
+		w.log.Debug("retrying Service list", "instance", key, "attempt", attempts, "error", err)
+		return err
+	}, backoff.WithContext(w.newBackoff(w.cfg.RetryMaxElapsed), ctx))
 	if err != nil {
-		cls, msg := w.cfg.Classifier.Classify(ctx, err, nil)
-		return &jobError{Retry: cls == Transient, Err: errors.New(msg)}
+		if cls == Canceled || ctx.Err() != nil {
+			return context.Canceled
+		}
+		return &jobError{Retry: cls == Transient, Err: fmt.Errorf("list Services of %s (%d attempts): %w", key, attempts, err)}
 	}
 	var del []*corev1.Service
 	for i := range svcs.Items {
 		del = append(del, &svcs.Items[i])
 	}
 	w.log.Info("instance gone: deleting its Services", "instance", key, "services", len(del))
-	return w.publishDeletes(ctx, key, del, "gone")
+	suffix := ""
+	if jobID != "" {
+		suffix = "@" + jobID
+	}
+	return w.publishDeletes(ctx, key, del, "gone", suffix)
 }
 
-func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason string) error {
+// publishDeletes publishes one delete job per Service with Nats-Msg-Id
+// "del-<uid><idSuffix>".
+func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason, idSuffix string) error {
 	var errs []string
 	for _, s := range svcs {
 		job := events.DeleteJob{Key: key, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID),
 			MatID: s.Annotations[plan.AnnotationMatID], Reason: reason}
-		if err := w.bus.Publish(ctx, w.bus.Subjects.Delete(key), events.TypeDeleteJob, "del-"+string(s.UID), job); err != nil {
+		if err := w.bus.Publish(ctx, w.bus.Subjects.Delete(key), events.TypeDeleteJob, "del-"+string(s.UID)+idSuffix, job); err != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", s.Name, err))
 			continue
 		}

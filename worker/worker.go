@@ -37,7 +37,9 @@ type Config struct {
 	// begins; unfinished ones are left for redelivery. Default 10 s.
 	ShutdownGrace time.Duration
 	// InstanceResync is how often the client cache is checked against the
-	// instances stream, catching gone events a worker missed; default 1 min.
+	// instances stream, catching gone events a worker missed, and the
+	// Services of instances gone for two such periods are cleaned up again
+	// (see sweepGone); default 1 min.
 	InstanceResync time.Duration
 	// Classifier classifies API errors.
 	Classifier Classifier

@@ -24,6 +24,7 @@ type workerOpts struct {
 	serviceCIDRs                                       listFlag
 	insecure                                           bool
 	matTimeout, retryMaxElapsed, grace, ackWait        time.Duration
+	instanceResync                                     time.Duration
 	jobs, concurrency, maxDeliver                      int
 	errorWindow                                        time.Duration
 }
@@ -39,6 +40,7 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
 	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
 	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
+	durationVar(fs, &o.instanceResync, "instance-resync", time.Minute, "how often the client cache is checked against the instances stream, and the Services of instances gone for two such periods are cleaned up again")
 	durationVar(fs, &o.ackWait, "ack-wait", 30*time.Second, "JetStream AckWait of the job consumers (progress is reported at a third of it)")
 	fs.IntVar(&o.jobs, "jobs", 4, "jobs of each kind one worker handles at once")
 	fs.IntVar(&o.concurrency, "concurrency", 8, "parallel Kubernetes writes within one sync job")
@@ -90,7 +92,8 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 		Name: name,
 		Plan: plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel},
 		Jobs: o.jobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
-		Classifier: worker.Classifier{ServiceCIDRs: cidrs},
+		InstanceResync: o.instanceResync,
+		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
 	}, bus, kube, factory, rep, log)
 	return w, rep, err
 }
