@@ -58,17 +58,20 @@ func noFlood(t *testing.T, list []errEvent) {
 }
 
 // TestAPIServerOutage (issue point 4): kube-apiserver is stopped for
-// apiOutage while two worker processes (default retry settings) run. During
-// the outage one instance goes away and another appears. No process
-// crashes; the failing API calls are retried with backoff within the job
-// (no job gives up); error events stay within the rate limit; and after the
-// API server is back, everything converges: the new instance has its
-// Services, the gone one none, the staying one the same Services as before.
+// apiOutage while two worker processes run, with a retry budget (8 s)
+// shorter than the outage. During the outage one instance goes away and
+// another appears. No process crashes; the failing API calls are retried
+// with backoff, jobs whose budget runs out are parked and redelivered;
+// error events report the outage per instance and kind (never one per
+// Service), at most once per rate-limit window; and after the API server
+// is back, everything converges: the new instance has its Services, the
+// gone one none, the staying one the same Services as before.
 func TestAPIServerOutage(t *testing.T) {
 	w := newWorld(t)
 	spec := fleetSpec{hosts: 10, switches: 2, shelves: 2}
 	stay, gone, fresh := w.newInstance("stay", spec, 0), w.newInstance("gone", spec, 0), w.newInstance("fresh", spec, 0)
-	workers := []*proc{w.startWorker("w1"), w.startWorker("w2")}
+	// A retry budget shorter than the outage, so that failures are reported.
+	workers := []*proc{w.startWorker("w1", "--retry-max-elapsed", "8s"), w.startWorker("w2", "--retry-max-elapsed", "8s")}
 	disc := w.startStaticDiscovery(stay, gone)
 	keep := uidsOf(stay.waitConverged(time.Minute))
 	gone.waitConverged(time.Minute)
@@ -93,9 +96,21 @@ func TestAPIServerOutage(t *testing.T) {
 	list := w.errs.Since(down)
 	t.Logf("error events since the outage began (%d):\n%s", len(list), formatErrs(list))
 	noFlood(t, list)
+	if len(list) == 0 {
+		t.Error("no error event reported the outage")
+	}
+	// Without flooding: transient failures are reported per instance and
+	// kind, never per Service, so the count does not grow with the fleet.
+	windows := int(up.Sub(down)/errorWindow) + 2
+	if max := len(workers) * 3 * 2 * windows; len(list) > max {
+		t.Errorf("%d error events, more than %d (workers × kinds × instances × rate-limit windows)", len(list), max)
+	}
 	for _, e := range list {
 		if e.Err.Permanent {
 			t.Errorf("an outage is transient, but an event says permanent: %s", formatErrs([]errEvent{e}))
+		}
+		if e.Err.Service != "" {
+			t.Errorf("a transient failure reported per Service: %s", formatErrs([]errEvent{e}))
 		}
 	}
 	if n := w.errs.Len() - len(list); n != 0 {

@@ -28,9 +28,10 @@ var errOutsideRange = errors.New("outside the service range")
 
 // apply runs creates, updates and recreates with at most Concurrency API
 // writes at once, each retried with its own backoff, then publishes the
-// deletes as delete jobs. Permanent failures are reported at once and do not
-// fail the job; transient ones that outlast their backoff are reported and
-// make the job ask for redelivery.
+// deletes as delete jobs. Permanent failures are reported at once, one event
+// per Service, and do not fail the job; transient ones that outlast their
+// backoff are reported together, one event for the job, and make the job
+// ask for redelivery.
 func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	type op struct {
 		kind events.ErrorKind
@@ -59,6 +60,8 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	var (
 		mu        sync.Mutex
 		transient []string
+		firstErr  error
+		firstKind events.ErrorKind
 		wg        sync.WaitGroup
 		sem       = make(chan struct{}, w.cfg.Concurrency)
 	)
@@ -75,7 +78,10 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 			}
 			if cls == Transient {
 				mu.Lock()
-				transient = append(transient, o.svc.Name+": "+err.Error())
+				if firstErr == nil {
+					firstErr, firstKind = err, o.kind
+				}
+				transient = append(transient, o.svc.Namespace+"/"+o.svc.Name)
 				mu.Unlock()
 			}
 		}()
@@ -88,7 +94,8 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 		return err
 	}
 	if len(transient) > 0 {
-		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s", len(transient), transient[0])}
+		w.reportTransient(ctx, key, firstKind, transient, len(ops), firstErr)
+		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %v", len(transient), transient[0], firstErr)}
 	}
 	return nil
 }
@@ -105,7 +112,9 @@ const allocAttempts = 3
 // retry runs fn with a fresh exponential backoff bounded by RetryMaxElapsed
 // and the job's context. Conflicts are retried silently; an "IP already
 // allocated" refusal is tried allocAttempts times and then treated as
-// permanent; permanent failures are reported and end the loop. It returns
+// permanent; permanent failures are reported (per Service) and end the
+// loop. Transient failures that outlast the backoff are returned, not
+// reported: the caller reports them per job (reportTransient). It returns
 // the class of the last error.
 func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, svc *corev1.Service,
 	fn func(ctx context.Context, attempt int) error) (Class, error) {
@@ -144,9 +153,34 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 	if cls == Canceled || ctx.Err() != nil {
 		return Canceled, err
 	}
-	w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Service: svc.Namespace + "/" + svc.Name,
-		MatID: svc.Annotations[plan.AnnotationMatID], Message: msg, Permanent: cls == Permanent, Attempts: attempt})
-	return cls, errors.New(msg)
+	if cls == Permanent {
+		w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Service: svc.Namespace + "/" + svc.Name,
+			MatID: svc.Annotations[plan.AnnotationMatID], Message: msg, Permanent: true, Attempts: attempt})
+	}
+	return cls, &retryError{attempts: attempt, msg: msg}
+}
+
+// retryError is a failure that outlasted retry's backoff.
+type retryError struct {
+	attempts int
+	msg      string
+}
+
+func (e *retryError) Error() string { return e.msg }
+
+// reportTransient publishes one error event for the writes of one job that
+// failed transiently after their backoff: per instance and kind, not per
+// Service, so an API outage or an overloaded API server gives one event per
+// rate-limit window instead of one per Service.
+func (w *Worker) reportTransient(ctx context.Context, key string, kind events.ErrorKind, failed []string, total int, first error) {
+	attempts := 0
+	var re *retryError
+	if errors.As(first, &re) {
+		attempts = re.attempts
+	}
+	w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Attempts: attempts,
+		Message: fmt.Sprintf("%d of %d Service writes failed after retrying for up to %v (will be retried); first, %s: %v",
+			len(failed), total, w.cfg.RetryMaxElapsed, failed[0], first)})
 }
 
 // create creates want; if the name exists and is ours, it converges the

@@ -28,7 +28,8 @@ func (w *Worker) handleDelete(ctx context.Context, env events.Envelope, subject 
 // instance that is present again when the job's reason is "gone". NotFound
 // and a failed UID precondition count as done. Transient errors are retried
 // with backoff under ctx; if they outlast it, the job asks for redelivery.
-// Every failure is published to <prefix>.errors.delete.
+// Every failure is published to <prefix>.errors.delete: a permanent one per
+// Service, transient ones per instance (rate-limited together).
 func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	log := w.log.With("instance", job.Key, "service", job.Namespace+"/"+job.Name)
 	if job.Reason == "gone" {
@@ -82,6 +83,9 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	}
 	if cls == Canceled {
 		return context.Canceled
+	}
+	if cls == Transient {
+		w.reportTransient(ctx, job.Key, events.ErrorDelete, []string{job.Namespace + "/" + job.Name}, 1, err)
 	}
 	return &jobError{Retry: cls == Transient, Reported: true, Err: fmt.Errorf("delete %s/%s: %w", job.Namespace, job.Name, err)}
 }
