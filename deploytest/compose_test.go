@@ -2,23 +2,38 @@ package deploytest
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/tls"
+	"fmt"
+	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/compose-spec/compose-go/v2/cli"
 	"github.com/compose-spec/compose-go/v2/types"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/kubelocal"
+	"github.com/matbus/matbus/plan"
 )
 
 // matbusSubcommands are the subcommands a compose service may run.
@@ -447,6 +462,322 @@ func readTokens(t *testing.T, file string) []string {
 	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		tok, _, _ := strings.Cut(l, ",")
 		out = append(out, tok)
+	}
+	return out
+}
+
+// TestComposeControlPlaneStarts runs the compose file's etcd and
+// kube-apiserver command lines with the real binaries built from the same
+// versions (only addresses and the container paths are mapped to this
+// machine, through the service's own volume mounts), then: the readiness
+// gate's curl command succeeds, the containers' kubeconfig token is an
+// admin, and a Service can take a cluster IP from each simulator's BMC
+// subnet (one outside the range is refused, so the check can fail).
+func TestComposeControlPlaneStarts(t *testing.T) {
+	p := loadCompose(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cp := startControlPlane(t, p)
+	port, apiPort, api := cp.port, cp.apiPort, cp.log
+
+	// The readiness gate, as compose runs it (curl retries until /readyz is 200).
+	gate := service(t, p, "kube-apiserver-ready").Command
+	gateArgs := make([]string, len(gate))
+	for i, a := range gate {
+		gateArgs[i] = strings.Replace(a, "kube-apiserver:"+port, "127.0.0.1:"+apiPort, 1)
+	}
+	if curl, err := exec.LookPath("curl"); err == nil {
+		// Before /readyz says ok it refuses (connection refused, then 403
+		// until the RBAC roles exist, then 500): curl must retry them all.
+		cmd := exec.CommandContext(ctx, curl, gateArgs...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil || strings.TrimSpace(string(out)) != "ok" {
+			t.Fatalf("readiness gate `curl %s`: %v\n%s%s\nkube-apiserver:\n%s", strings.Join(gateArgs, " "), err, out, stderr.String(), lastLines(api.Bytes(), 20))
+		}
+	} else {
+		t.Logf("curl not installed: waiting for /readyz without the gate's command line")
+		waitFor(t, ctx, "kube-apiserver /readyz", func() bool { return anonymousReady(gateArgs[len(gateArgs)-1]) })
+	}
+
+	// The containers' kubeconfig, pointed at this API server.
+	w := service(t, p, "worker")
+	cfg, err := clientcmd.BuildConfigFromFlags("", hostPath(t, w, *w.Environment["KUBECONFIG"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host = "https://127.0.0.1:" + apiPort
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	create := func(name, ip string) error {
+		_, err := kube.CoreV1().Services("default").Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       corev1.ServiceSpec{ClusterIP: ip, Ports: []corev1.ServicePort{{Name: "redfish", Port: 443}}},
+		}, metav1.CreateOptions{})
+		return err
+	}
+	for _, name := range []string{"matsim-a", "matsim-b"} {
+		sub := netip.MustParsePrefix(mustFlag(t, name, service(t, p, name).Command, "bmc-subnet"))
+		ip := sub.Addr().Next()
+		if err := create("bmc-"+name, ip.String()); err != nil {
+			t.Errorf("a Service on %s's BMC IP %s: %v", name, ip, err)
+		}
+	}
+	if err := create("outside", "192.0.2.10"); !apierrors.IsInvalid(err) {
+		t.Errorf("a cluster IP outside the service range was not refused: %v", err)
+	}
+}
+
+// controlPlane is the compose file's etcd and kube-apiserver run here.
+type controlPlane struct {
+	port    string // the API server's port in compose
+	apiPort string // and here
+	log     *process
+}
+
+func startControlPlane(t *testing.T, p *types.Project) controlPlane {
+	t.Helper()
+	etcdBin, apiBin := tool(t, "etcd"), tool(t, "kube-apiserver")
+	etcdSvc := service(t, p, "etcd")
+	if filepath.Base(etcdSvc.Command[0]) != "etcd" {
+		t.Fatalf("etcd service runs %s", etcdSvc.Command[0])
+	}
+	clientPort, peerPort := freePort(t), freePort(t)
+	etcdArgs := localize(t, etcdSvc, etcdSvc.Command[1:], map[string]string{
+		"0.0.0.0:2379": "127.0.0.1:" + clientPort, "etcd:2379": "127.0.0.1:" + clientPort,
+		"127.0.0.1:2380": "127.0.0.1:" + peerPort,
+	})
+	startProcess(t, "etcd", etcdBin, etcdArgs, nil)
+
+	apiSvc := service(t, p, "kube-apiserver")
+	if apiSvc.Command[0] != "kube-apiserver" {
+		t.Fatalf("kube-apiserver service runs %s", apiSvc.Command[0])
+	}
+	cp := controlPlane{port: mustFlag(t, "kube-apiserver", apiSvc.Command, "secure-port"), apiPort: freePort(t)}
+	apiArgs := localize(t, apiSvc, apiSvc.Command[1:], map[string]string{
+		"http://etcd:2379": "http://127.0.0.1:" + clientPort, "--bind-address=0.0.0.0": "--bind-address=127.0.0.1",
+		"--secure-port=" + cp.port: "--secure-port=" + cp.apiPort,
+	})
+	cp.log = startProcess(t, "kube-apiserver", apiBin, apiArgs, nil)
+	return cp
+}
+
+// localize maps a compose command line to this machine: each address in
+// addrs, and each container path mounted by the service (bind mounts to
+// their repository file, volumes and tmpfs to a new temporary folder).
+func localize(t *testing.T, s types.ServiceConfig, args []string, addrs map[string]string) []string {
+	t.Helper()
+	var pairs []string
+	for from, to := range addrs {
+		pairs = append(pairs, from, to)
+	}
+	for _, v := range s.Volumes {
+		src := v.Source
+		if v.Type != types.VolumeTypeBind {
+			src = t.TempDir()
+		}
+		pairs = append(pairs, v.Target, src)
+	}
+	for _, tmp := range s.Tmpfs {
+		pairs = append(pairs, tmp, t.TempDir())
+	}
+	r := strings.NewReplacer(pairs...)
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = r.Replace(a)
+	}
+	return out
+}
+
+// process is a binary startProcess runs until the test ends.
+type process struct {
+	*syncBuffer // its output
+	done        chan struct{}
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func startProcess(t *testing.T, name, bin string, args, env []string) *process {
+	t.Helper()
+	out := &syncBuffer{}
+	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = env
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("--- %s %s\n%s", name, strings.Join(args, " "), lastLines(out.Bytes(), 30))
+		}
+	})
+	return &process{syncBuffer: out, done: done}
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	p, err := kubelocal.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strconv.Itoa(p)
+}
+
+func anonymousReady(u string) bool {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := hc.Get(u)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// TestComposeUpWithoutDocker runs what `docker compose up` runs, as
+// processes on this machine: the compose file's etcd and kube-apiserver,
+// an embedded NATS server with JetStream for the nats service, and every
+// matbus service with its command, environment and mounted files (the
+// worker with its deploy.replicas). Only host names and ports are mapped
+// (each container has its own network namespace under compose, so the
+// health port is moved to a free one too). It waits until every BMC the two
+// simulators report has its Service, as a user of compose would see.
+func TestComposeUpWithoutDocker(t *testing.T) {
+	p := loadCompose(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cp := startControlPlane(t, p)
+	waitFor(t, ctx, "kube-apiserver /readyz", func() bool { return anonymousReady("https://127.0.0.1:" + cp.apiPort + "/readyz") })
+
+	nats, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nats.Shutdown()
+	natsAddr := strings.TrimPrefix(nats.ClientURL(), "nats://")
+	addrs := map[string]string{"nats:4222": natsAddr, "kube-apiserver:" + cp.port: "127.0.0.1:" + cp.apiPort}
+	for _, name := range []string{"matsim-a", "matsim-b"} {
+		_, lport, _ := net.SplitHostPort(mustFlag(t, name, service(t, p, name).Command, "listen"))
+		addrs[name+":"+lport] = "127.0.0.1:" + freePort(t)
+	}
+
+	// Start in the order compose would: simulators, discovery, workers, errors.
+	logs := map[string]*process{}
+	for _, name := range []string{"matsim-a", "matsim-b", "discovery", "worker", "errors"} {
+		s := service(t, p, name)
+		local := maps.Clone(addrs)
+		if s.Command[0] == "matsim" {
+			lhost, lport, _ := net.SplitHostPort(mustFlag(t, name, s.Command, "listen"))
+			local[net.JoinHostPort(lhost, lport)] = addrs[name+":"+lport]
+		}
+		args := localizeFiles(t, s, s.Command, local)
+		for i := 0; i < max(1, s.GetScale()); i++ { // deploy.replicas
+			env := []string{"HOME=" + t.TempDir()}
+			for k, v := range s.Environment {
+				if v != nil {
+					env = append(env, k+"="+localizeFiles(t, s, []string{*v}, local)[0])
+				}
+			}
+			if s.Command[0] == "worker" || s.Command[0] == "discovery" {
+				env = append(env, "MATBUS_HEALTH_ADDR=127.0.0.1:0")
+			}
+			id := fmt.Sprintf("%s-%d", name, i+1)
+			logs[id] = startProcess(t, id, matbus(t), args, env)
+		}
+	}
+
+	// The simulators log how many BMCs they serve.
+	expected := 0
+	for _, id := range []string{"matsim-a-1", "matsim-b-1"} {
+		var n int
+		waitFor(t, ctx, id+" serving", func() bool {
+			m := regexp.MustCompile(`matsim serving.*bmcs=(\d+)`).FindSubmatch(logs[id].Bytes())
+			if m != nil {
+				n, _ = strconv.Atoi(string(m[1]))
+			}
+			return m != nil
+		})
+		expected += n
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(root, "deploy", "compose", "kubeconfig.host"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Host = "https://127.0.0.1:" + cp.apiPort
+	kube := kubernetes.NewForConfigOrDie(cfg)
+	ns := *service(t, p, "worker").Environment["NAMESPACE"]
+	var got int
+	waitFor(t, ctx, fmt.Sprintf("%d BMC Services in namespace %s", expected, ns), func() bool {
+		l, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: plan.LabelManagedBy + "=" + plan.DefaultManagedBy})
+		if err == nil {
+			got = len(l.Items)
+		}
+		return got == expected
+	})
+	if !strings.Contains(string(logs["discovery-1"].Bytes()), "msg=leading") {
+		t.Errorf("discovery did not lead:\n%s", lastLines(logs["discovery-1"].Bytes(), 10))
+	}
+	for id, l := range logs {
+		if l.exited() {
+			t.Errorf("%s exited:\n%s", id, lastLines(l.Bytes(), 10))
+		}
+		if strings.Contains(string(l.Bytes()), "level=ERROR") {
+			t.Errorf("%s logged an error:\n%s", id, lastLines(l.Bytes(), 10))
+		}
+	}
+	w := service(t, p, "worker")
+	t.Logf("converged: %d BMC Services from 2 simulators, %d workers", got, w.GetScale())
+}
+
+// localizeFiles is localize for matbus services whose mounted files name
+// compose hosts: each bind-mounted file is copied with addrs replaced.
+func localizeFiles(t *testing.T, s types.ServiceConfig, args []string, addrs map[string]string) []string {
+	t.Helper()
+	var pairs []string
+	for from, to := range addrs {
+		pairs = append(pairs, from, to)
+	}
+	hosts := strings.NewReplacer(pairs...)
+	files := map[string]string{}
+	for _, v := range s.Volumes {
+		if v.Type != types.VolumeTypeBind {
+			continue
+		}
+		b, err := os.ReadFile(v.Source)
+		if err != nil {
+			t.Fatal(err)
+		}
+		local := filepath.Join(t.TempDir(), filepath.Base(v.Source))
+		if err := os.WriteFile(local, []byte(hosts.Replace(string(b))), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		files[v.Target] = local
+	}
+	out := make([]string, len(args))
+	for i, a := range args {
+		a = hosts.Replace(a)
+		if f, ok := files[a]; ok {
+			a = f
+		}
+		out[i] = a
 	}
 	return out
 }

@@ -139,6 +139,16 @@ func TestChartRBACConverges(t *testing.T) {
 		p.waitReady(t, ctx)
 	}
 
+	// waitFor, failing at once when a request was refused (the Role lacks it).
+	waitFor := func(t *testing.T, ctx context.Context, what string, cond func() bool) {
+		t.Helper()
+		waitFor(t, ctx, what, func() bool {
+			if _, forbidden := rec.result(); len(forbidden) > 0 {
+				t.Fatalf("waiting for %s: requests refused to the chart's ServiceAccount (the Role lacks them):\n  %s", what, strings.Join(forbidden, "\n  "))
+			}
+			return cond()
+		})
+	}
 	managed := func() []corev1.Service {
 		l, err := admin.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: plan.LabelManagedBy + "=" + plan.DefaultManagedBy})
 		if err != nil {
