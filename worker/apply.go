@@ -29,9 +29,10 @@ var errOutsideRange = errors.New("outside the service range")
 // apply runs creates, updates and recreates with at most Concurrency API
 // writes at once, each retried with its own backoff, then publishes the
 // deletes as delete jobs. Permanent failures are reported at once, one event
-// per Service, and do not fail the job; transient ones that outlast their
-// backoff are reported together, one event for the job, and make the job
-// ask for redelivery.
+// per Service; the other writes and the deletes still happen, and the job
+// is then terminated (retrying cannot help; the next sync tries again).
+// Transient ones that outlast their backoff are reported together, one
+// event for the job, and make the job ask for redelivery.
 func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	type op struct {
 		kind events.ErrorKind
@@ -60,6 +61,7 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	var (
 		mu        sync.Mutex
 		transient []string
+		permanent []string
 		firstErr  error
 		firstKind events.ErrorKind
 		wg        sync.WaitGroup
@@ -76,13 +78,16 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 				o.done()
 				return
 			}
-			if cls == Transient {
-				mu.Lock()
+			mu.Lock()
+			defer mu.Unlock()
+			switch cls {
+			case Transient:
 				if firstErr == nil {
 					firstErr, firstKind = err, o.kind
 				}
 				transient = append(transient, o.svc.Namespace+"/"+o.svc.Name)
-				mu.Unlock()
+			case Permanent:
+				permanent = append(permanent, o.svc.Namespace+"/"+o.svc.Name+": "+err.Error())
 			}
 		}()
 	}
@@ -96,6 +101,10 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	if len(transient) > 0 {
 		w.reportTransient(ctx, key, firstKind, transient, len(ops), firstErr)
 		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %v", len(transient), transient[0], firstErr)}
+	}
+	if len(permanent) > 0 {
+		// Reported per Service already; the job is terminated, not retried.
+		return &jobError{Reported: true, Err: fmt.Errorf("%d Service writes failed permanently, first: %s", len(permanent), permanent[0])}
 	}
 	return nil
 }
