@@ -29,11 +29,13 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 			w.rejectEvent(ctx, subject, err)
 			return &jobError{Err: err, Reported: true}
 		}
-		if err := w.Sync(ctx, job.Key); err != nil {
-			return err
+		err = w.Sync(ctx, job.Key)
+		// A sync whose writes failed permanently has done all it can: it
+		// counts as completed, and (terminated) as failed.
+		if je := (*jobError)(nil); err == nil || errors.As(err, &je) && !je.Retry {
+			w.syncs.Add(1)
 		}
-		w.syncs.Add(1)
-		return nil
+		return err
 	case events.TypeCleanupJob:
 		job, err := events.Into[events.CleanupJob](env, events.TypeCleanupJob)
 		if err != nil {
