@@ -31,7 +31,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/matbus/matbus/discovery"
-	"github.com/matbus/matbus/internal/natsserver"
 	"github.com/matbus/matbus/kubelocal"
 	"github.com/matbus/matbus/plan"
 )
@@ -653,8 +652,8 @@ func anonymousReady(u string) bool {
 }
 
 // TestComposeUpWithoutDocker runs what `docker compose up` runs, as
-// processes on this machine: the compose file's etcd and kube-apiserver,
-// an embedded NATS server with JetStream for the nats service, and every
+// processes on this machine: the compose file's nats-server, etcd and
+// kube-apiserver command lines on binaries of the pinned versions, and every
 // matbus service with its command, environment and mounted files (the
 // worker with its deploy.replicas). Only host names and ports are mapped
 // (each container has its own network namespace under compose, so the
@@ -667,13 +666,24 @@ func TestComposeUpWithoutDocker(t *testing.T) {
 	cp := startControlPlane(t, p)
 	waitFor(t, ctx, "kube-apiserver /readyz", func() bool { return anonymousReady("https://127.0.0.1:" + cp.apiPort + "/readyz") })
 
-	nats, err := natsserver.Start(natsserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nats.Shutdown()
-	natsAddr := strings.TrimPrefix(nats.ClientURL(), "nats://")
-	addrs := map[string]string{"nats:4222": natsAddr, "kube-apiserver:" + cp.port: "127.0.0.1:" + cp.apiPort}
+	// NATS: the compose command line on nats-server built from go.mod's
+	// version (the one the image tag pins), on free ports; then the
+	// healthcheck's URL must answer 200.
+	natsSvc := service(t, p, "nats")
+	natsPort, monPort := freePort(t), freePort(t)
+	natsArgs := append(localize(t, natsSvc, natsSvc.Command, map[string]string{"8222": monPort}), "-a", "127.0.0.1", "-p", natsPort)
+	startProcess(t, "nats-server", natsServer(t), natsArgs, nil)
+	hc := natsSvc.HealthCheck.Test
+	health := strings.Replace(hc[len(hc)-1], "127.0.0.1:8222", "127.0.0.1:"+monPort, 1)
+	waitFor(t, ctx, "the nats healthcheck "+health, func() bool {
+		resp, err := http.Get(health)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	addrs := map[string]string{"nats:4222": "127.0.0.1:" + natsPort, "kube-apiserver:" + cp.port: "127.0.0.1:" + cp.apiPort}
 	for _, name := range []string{"matsim-a", "matsim-b"} {
 		_, lport, _ := net.SplitHostPort(mustFlag(t, name, service(t, p, name).Command, "listen"))
 		addrs[name+":"+lport] = "127.0.0.1:" + freePort(t)

@@ -13,9 +13,10 @@
 //   - docker-compose.yaml, loaded with the compose-spec loader: commands,
 //     flags and environment variables exist in `matbus <subcommand> --help`,
 //     every built image comes from deploy/Dockerfile, pinned versions match
-//     what the tests run, and the kube-apiserver and etcd command lines
-//     start the real binaries (built from the same versions) with the
-//     compose token, keys and service range.
+//     what the tests run; the nats-server, etcd and kube-apiserver command
+//     lines start the real binaries (built from the same versions) with the
+//     compose token, keys and service range, and the matbus services' command
+//     lines, environment and mounted files run as processes and converge.
 //
 // The package holds tests only; `make deploy-check` runs them (and `make
 // test` through it). Tests that need helm, etcd or kube-apiserver skip

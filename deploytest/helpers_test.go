@@ -37,6 +37,10 @@ var (
 	matbusBin string
 	buildErr  error
 
+	natsOnce sync.Once
+	natsBin  string
+	natsErr  error
+
 	helpMu    sync.Mutex
 	helpCache = map[string]map[string]string{}
 
@@ -127,6 +131,25 @@ func matbus(t *testing.T) string {
 		t.Fatal(buildErr)
 	}
 	return matbusBin
+}
+
+// natsServer returns nats-server built from the version go.mod requires
+// (the version docker-compose.yaml's image pins), once per package run.
+func natsServer(t *testing.T) string {
+	t.Helper()
+	matbus(t) // makes buildDir
+	natsOnce.Do(func() {
+		natsBin = filepath.Join(buildDir, "nats-server")
+		cmd := exec.Command("go", "build", "-o", natsBin, "github.com/nats-io/nats-server/v2")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			natsErr = fmt.Errorf("go build nats-server: %v\n%s", err, out)
+		}
+	})
+	if natsErr != nil {
+		t.Fatal(natsErr)
+	}
+	return natsBin
 }
 
 // helpLine is how `matbus <sub> --help` lists a flag: "  --name  [env NAME]".
