@@ -45,8 +45,8 @@ func NewPublisher(bus *events.Bus, src Source, cfg PublisherConfig, report *even
 
 // Run starts the source and publishes until ctx ends; it returns nil then.
 // It returns an error only if the source cannot start. Call it while
-// leading (see RunLeaderElected): on start it republishes the current state
-// and a sync job for every instance.
+// leading (see RunLeaderElected): on start it republishes the current state,
+// the appeared event and a sync job of every instance.
 func (p *Publisher) Run(ctx context.Context) error {
 	changed := make(chan struct{}, 1)
 	notify := func() {
@@ -115,13 +115,22 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 			p.fail(ctx, inst.Key, fmt.Sprintf("instance %s is also reported by source %q; ignored here", inst.Key, rec.Instance.Scope))
 			continue
 		}
-		if !had || !rec.Present() || rec.Instance != inst {
+		changed := !had || !rec.Present() || rec.Instance != inst
+		// A publisher that starts (on taking the lead) republishes the
+		// current state: the appeared event of every instance, under a new
+		// id (the stored record's sequence), which workers handle
+		// idempotently, and a sync job for each.
+		if changed || syncReason == "start" {
 			id := fmt.Sprintf("appeared:%s:%s:%d", inst.Key, inst.Version, rec.Seq)
 			if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, id, inst); err != nil {
 				p.fail(ctx, inst.Key, fmt.Sprintf("publish appeared: %v", err))
 				continue
 			}
-			p.log.Info("instance appeared", "instance", inst.Key, "url", inst.URL)
+			if changed {
+				p.log.Info("instance appeared", "instance", inst.Key, "url", inst.URL)
+			} else {
+				p.log.Debug("instance republished", "instance", inst.Key, "url", inst.URL)
+			}
 			p.sync(ctx, inst.Key, "appeared", fmt.Sprintf("sync:%s:appeared:%d", inst.Key, rec.Seq))
 			continue
 		}
