@@ -5,7 +5,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export MATBUS_BIN_DIR := $(CURDIR)/.bin
 ARGS ?=
 
-.PHONY: all build tools run test lint unit fuzz fuzz-long bench clean deploy-check
+.PHONY: all build tools run test lint unit fuzz fuzz-long bench clean deploy-check faulttest faulttest-long
 
 all: build
 
@@ -42,6 +42,17 @@ fuzz:
 
 fuzz-long:
 	$(MAKE) fuzz FUZZTIME=2m
+
+## faulttest: only the fault tests (worker and discovery processes of the built
+## binary, a nats-server process, kube-apiserver + etcd; kill -9, restarts,
+## outages). `make unit` runs them too; see docs/delivery-guarantees.md.
+faulttest: tools
+	MATBUS_REQUIRE_K8S=1 $(GO) test -race -count=1 -timeout 20m -v ./faulttest
+
+## faulttest-long: the fault tests with 20 kill -9 trials and the slow variants
+## (a NATS outage longer than a publish is retried)
+faulttest-long: tools
+	FAULT_TRIALS=20 FAULT_LONG=1 MATBUS_REQUIRE_K8S=1 $(GO) test -race -count=1 -timeout 40m -v ./faulttest
 
 ## bench: benchmarks of the decoder and the planner, as a table
 bench:

@@ -28,3 +28,5 @@ build_module_tools() { # <dir> <stamp> <builds...>
 build_module_tools tools/k8s k8s "etcd=./etcd" "kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver"
 # helm (for `make deploy-check`); its default Kubernetes version is set to the API server's (v1.37) for `helm template`/`lint`.
 GOFLAGS="-buildvcs=false -ldflags=-X=helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37" build_module_tools tools/helm helm "helm=helm.sh/helm/v3/cmd/helm"
+# nats-server (a separate process for the fault tests in faulttest/), from the version in the project's go.mod.
+build_module_tools . nats "nats-server=github.com/nats-io/nats-server/v2"
