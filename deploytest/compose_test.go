@@ -290,7 +290,7 @@ func TestComposeStartOrder(t *testing.T) {
 		"kube-apiserver":       {"etcd": types.ServiceConditionHealthy},
 		"kube-apiserver-ready": {"kube-apiserver": types.ServiceConditionStarted},
 		"discovery": {"nats": types.ServiceConditionHealthy, "kube-apiserver-ready": types.ServiceConditionCompletedSuccessfully,
-			"matsim-a": types.ServiceConditionStarted, "matsim-b": types.ServiceConditionStarted},
+			"matsim-a": types.ServiceConditionHealthy, "matsim-b": types.ServiceConditionHealthy},
 		"worker": {"nats": types.ServiceConditionHealthy, "kube-apiserver-ready": types.ServiceConditionCompletedSuccessfully},
 		"errors": {"nats": types.ServiceConditionHealthy},
 	}

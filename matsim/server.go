@@ -196,10 +196,13 @@ func New(opts Options) (*Server, error) {
 	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /machines/status", s.serveStatus)
+	// Liveness for healthchecks (compose, probes); not counted in Requests.
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	return s, nil
 }
 
-// ServeHTTP serves `GET /machines/status` (HEAD too); other paths are 404.
+// ServeHTTP serves `GET /machines/status` (HEAD too) and `GET /healthz`;
+// other paths are 404.
 // Start uses it; it can also be mounted in another server (the connection
 // counter then stays 0).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }

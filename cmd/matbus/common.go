@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/matbus/matbus/events"
 )
@@ -87,13 +88,19 @@ func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
 		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, o.level)
 	}
 	hopts := &slog.HandlerOptions{Level: lvl}
+	var log *slog.Logger
 	switch o.format {
 	case "text":
-		return slog.New(slog.NewTextHandler(w, hopts)), nil
+		log = slog.New(slog.NewTextHandler(w, hopts))
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, hopts)), nil
+		log = slog.New(slog.NewJSONHandler(w, hopts))
+	default:
+		return nil, fmt.Errorf("%w: --log-format %q: want text or json", errUsage, o.format)
 	}
-	return nil, fmt.Errorf("%w: --log-format %q: want text or json", errUsage, o.format)
+	// client-go logs through klog (leader election, informers): send those
+	// lines through the same handler so --log-format=json stays JSON.
+	klog.SetSlogLogger(log.With("logger", "client-go"))
+	return log, nil
 }
 
 // kubeOpts select the cluster and the client-side rate limit.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/matsim"
 )
 
 // TestErrorsSince prints recorded error events, filtered by kind, and an
@@ -52,5 +53,26 @@ func TestErrorsSince(t *testing.T) {
 	code, out, _ = runArgs(t, nil, "errors", "--nats-url", s.ClientURL(), "--since", "1h", "--follow=false", "--kind", "delete")
 	if code != 0 || strings.Count(strings.TrimSpace(out), "\n") != 0 || !strings.Contains(out, "delete") {
 		t.Fatalf("--kind delete printed:\n%s", out)
+	}
+}
+
+func TestProbe(t *testing.T) {
+	sim, err := matsim.New(matsim.Options{Fixture: []byte(`{"machines":[]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url, err := sim.Start(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sim.Close()
+	if code, _, errOut := runArgs(t, nil, "probe", "--url", url+"/healthz"); code != 0 {
+		t.Fatalf("probe of /healthz: exit %d %s", code, errOut)
+	}
+	if code, _, errOut := runArgs(t, nil, "probe", "--url", url+"/nope"); code != 1 || !strings.Contains(errOut, "404") {
+		t.Fatalf("probe of a 404: exit %d %s", code, errOut)
+	}
+	if code, _, _ := runArgs(t, nil, "probe", "--url", "http://127.0.0.1:1/", "--timeout", "1s"); code != 1 {
+		t.Fatalf("probe of a closed port: exit %d", code)
 	}
 }
