@@ -81,7 +81,7 @@ func TestTwoWorkersOnOneInstance(t *testing.T) {
 	after := round("re-create", func() {
 		f := in.sim.Fleet()
 		// Ten hosts move to unused addresses of the fleet's subnet (its
-		// 210 devices use .1 to .210 of the first /24).
+		// 200 devices use .1 to .200 of the first /24).
 		for i := range 10 {
 			a := netip.MustParseAddr(f.Machines[i].BMC.IP).As4()
 			a[3] = byte(250 - i)
