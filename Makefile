@@ -49,10 +49,11 @@ fuzz-long:
 faulttest: tools
 	MATBUS_REQUIRE_K8S=1 $(GO) test -race -count=1 -timeout 20m -v ./faulttest
 
-## faulttest-long: the fault tests with 20 kill -9 trials and the slow variants
-## (a NATS outage longer than a publish is retried)
+## faulttest-long: the fault tests with 20 kill -9 trials, the slow variants (a
+## NATS outage longer than a publish is retried) and matbus processes built
+## with -race (their data races fail the tests)
 faulttest-long: tools
-	FAULT_TRIALS=20 FAULT_LONG=1 MATBUS_REQUIRE_K8S=1 $(GO) test -race -count=1 -timeout 40m -v ./faulttest
+	FAULT_TRIALS=20 FAULT_LONG=1 FAULT_RACE=1 MATBUS_REQUIRE_K8S=1 $(GO) test -race -count=1 -timeout 40m -v ./faulttest
 
 ## bench: benchmarks of the decoder and the planner, as a table
 bench:

@@ -51,6 +51,19 @@ func TestSharedJobsOverWorkerProcesses(t *testing.T) {
 	big.waitGone(2 * time.Minute)
 	t.Logf("measured: 1,000 delete jobs done by 3 worker processes in %v (from the gone event)", time.Since(start).Round(time.Millisecond))
 
+	// Every delete job was acknowledged (after its worker counted it).
+	w.waitFor("delete consumer drained", 10*time.Second, func() (bool, string) {
+		ci, err := w.consumerInfo("DELETE", events.DeleteConsumer)
+		if err != nil {
+			return false, err.Error()
+		}
+		n, err := w.streamMsgs("DELETE")
+		if err != nil {
+			return false, err.Error()
+		}
+		return ci.NumAckPending == 0 && ci.NumPending == 0 && n == 0,
+			fmt.Sprintf("ack pending %d, pending %d, stored %d", ci.NumAckPending, ci.NumPending, n)
+	})
 	deleted, each := sumMetric(t, "matbus_worker_services_deleted_total", workers...)
 	published, _ := sumMetric(t, "matbus_worker_delete_jobs_published_total", workers...)
 	t.Logf("Services deleted per worker: %v (sum %v); delete jobs published: %v", each, deleted, published)
@@ -65,20 +78,8 @@ func TestSharedJobsOverWorkerProcesses(t *testing.T) {
 	if published != 1000 {
 		t.Errorf("%v delete jobs published, want 1000 (one per Service)", published)
 	}
-	// Each delete job was delivered once and acknowledged: the consumer's
-	// delivery sequence equals the stream's last sequence, nothing pending.
-	w.waitFor("delete consumer drained", 10*time.Second, func() (bool, string) {
-		ci, err := w.consumerInfo("DELETE", events.DeleteConsumer)
-		if err != nil {
-			return false, err.Error()
-		}
-		n, err := w.streamMsgs("DELETE")
-		if err != nil {
-			return false, err.Error()
-		}
-		return ci.NumAckPending == 0 && ci.NumPending == 0 && n == 0,
-			fmt.Sprintf("ack pending %d, pending %d, stored %d", ci.NumAckPending, ci.NumPending, n)
-	})
+	// Each delete job was delivered once: the consumer's delivery sequence
+	// equals the stream's last sequence.
 	ci, err := w.consumerInfo("DELETE", events.DeleteConsumer)
 	if err != nil {
 		t.Fatal(err)
