@@ -139,7 +139,7 @@ func TestExhaustedJobsAreReportedAndRepaired(t *testing.T) {
 		http.StatusServiceUnavailable, admissionregistrationv1.Delete)
 	start := time.Now()
 	disc.Remove(stuck)
-	took := w.waitFor("a delete job gives up", time.Minute, func() (bool, string) {
+	w.waitFor("a delete job gives up", time.Minute, func() (bool, string) {
 		for _, e := range w.errs.All() {
 			if e.Err.Kind == events.ErrorDelete && e.Err.Subject == w.bus.Subjects.Delete(stuck.key()) && e.Err.Attempts == maxDeliver {
 				return true, ""
@@ -147,7 +147,7 @@ func TestExhaustedJobsAreReportedAndRepaired(t *testing.T) {
 		}
 		return false, "no event yet"
 	})
-	t.Logf("measured: first \"gave up after %d deliveries\" delete event %v after the instance went away", maxDeliver, took.Round(time.Millisecond))
+	t.Logf("measured: first \"gave up after %d deliveries\" delete event %v after the instance went away", maxDeliver, time.Since(start).Round(time.Millisecond))
 	if n := len(stuck.services()); n == 0 {
 		t.Fatal("the Services were deleted although the API server refused it")
 	}
