@@ -117,7 +117,7 @@ func TestKillWorkerMidFanOut(t *testing.T) {
 		// Replace the victim.
 		for i, p := range workers {
 			if p == victim {
-				workers[i] = w.startWorker(fmt.Sprintf("%s-r%d", p.name, trial))
+				workers[i] = w.startWorker(fmt.Sprintf("w%d-r%d", i+1, trial))
 			}
 		}
 	}
