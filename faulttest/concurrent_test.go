@@ -46,9 +46,10 @@ func TestTwoWorkersOnOneInstance(t *testing.T) {
 				return false, diffNames(svcs, in.want())
 			}
 			// Every Service carries what the fleet says now.
-			for _, s := range svcs {
-				if s.Spec.ClusterIP != s.Annotations[plan.AnnotationBMCIP] || s.Annotations[plan.AnnotationPowerState] != in.sim.Fleet().Machines[0].PowerState {
-					return false, "not updated yet: " + s.Name
+			for name, d := range in.devices() {
+				s := svcs[name]
+				if s.Spec.ClusterIP != d.BMC.IP || s.Annotations[plan.AnnotationPowerState] != d.PowerState {
+					return false, "not updated yet: " + name
 				}
 			}
 			ci, err := w.consumerInfo("SYNC", events.SyncConsumer)

@@ -119,8 +119,9 @@ func TestSlowAndParkedJobsDoNotStallHealthyOnes(t *testing.T) {
 
 // TestExhaustedJobsAreReportedAndRepaired (issue points 4 and 6): an
 // instance goes away while the API server refuses the deletes of its
-// Services with 503 (admission webhook). Each delete job retries with
-// backoff, is parked and redelivered, and when it exhausts its deliveries
+// Services with 503 (admission webhook). Each delivery of a delete job
+// retries with a fresh backoff (its report shows several attempts), the job
+// is parked and redelivered, and when it exhausts its deliveries
 // an error event says so (attempts = MaxDeliver) and the job is terminated.
 // Once the API server accepts deletes again, the worker's sweep publishes a
 // new clean-up job for the instance that is gone but still has Services, so
@@ -151,6 +152,21 @@ func TestExhaustedJobsAreReportedAndRepaired(t *testing.T) {
 	if n := len(stuck.services()); n == 0 {
 		t.Fatal("the Services were deleted although the API server refused it")
 	}
+	// Each delivery retries with a fresh backoff: a later delivery's report
+	// (one per rate-limit window) shows several attempts again, where a
+	// budget used up by the first delivery would allow one.
+	w.waitFor("reports of two deliveries", time.Minute, func() (bool, string) {
+		n := 0
+		for _, e := range w.errs.All() {
+			if e.Err.Kind == events.ErrorDelete && e.Err.Instance == stuck.key() && e.Err.Subject == "" {
+				if e.Err.Attempts < 2 {
+					t.Fatalf("a delivery gave up after %d attempt: %s", e.Err.Attempts, formatErrs([]errEvent{e}))
+				}
+				n++
+			}
+		}
+		return n >= 2, fmt.Sprintf("%d reports", n)
+	})
 	w.waitFor("every delete job ended", time.Minute, func() (bool, string) {
 		n, err := w.streamMsgs("DELETE")
 		return err == nil && n == 0, fmt.Sprintf("%d delete jobs stored (%v)", n, err)

@@ -451,6 +451,18 @@ func (in *instance) want() []string {
 	return out
 }
 
+// devices returns the devices of the instance's current fleet that have a
+// BMC IP, by the name of their Service.
+func (in *instance) devices() map[string]matclient.Device {
+	out := map[string]matclient.Device{}
+	in.sim.Fleet().Status("", 1).Walk(func(d, _ *matclient.Device) {
+		if d.BMC.IP != "" {
+			out[plan.ServiceName(plan.MachineTypeOf(d.Kind), d.MatID)] = *d
+		}
+	})
+	return out
+}
+
 // services returns the instance's Services (by its instance label), name → Service.
 func (in *instance) services() map[string]corev1.Service {
 	in.w.t.Helper()
