@@ -37,7 +37,15 @@ func (o *natsOpts) register(fs *flag.FlagSet) {
 }
 
 func (o *natsOpts) validate() error {
-	return events.ValidatePrefix(o.prefix)
+	if err := events.ValidatePrefix(o.prefix); err != nil {
+		return fmt.Errorf("%w: --subject-prefix: %v", errUsage, err)
+	}
+	for _, u := range strings.Split(o.url, ",") {
+		if !strings.HasPrefix(strings.TrimSpace(u), "nats://") && !strings.HasPrefix(strings.TrimSpace(u), "tls://") {
+			return fmt.Errorf("%w: --nats-url %q: want nats://host:port or tls://host:port", errUsage, u)
+		}
+	}
+	return nil
 }
 
 // connect dials NATS and keeps reconnecting forever; name identifies the
@@ -58,9 +66,14 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 	if o.creds != "" {
 		opts = append(opts, nats.UserCredentials(o.creds))
 	}
+	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", c.ConnectedUrl()) }))
 	nc, err := nats.Connect(o.url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", o.url, err)
+	}
+	if !nc.IsConnected() {
+		// RetryOnFailedConnect keeps trying in the background; say so once.
+		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", o.url, "error", nc.LastError())
 	}
 	return nc, nil
 }

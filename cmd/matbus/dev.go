@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -67,6 +68,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one)")
 	// dev's own defaults differ from the worker's.
 	_ = fs.Set("namespace", "matbus-dev")
+	fs.Lookup("namespace").DefValue = "matbus-dev"
 	if err := parseWithEnv(fs, args, e.getenv); err != nil {
 		return usageErr(err)
 	}
@@ -78,11 +80,18 @@ func runDev(ctx context.Context, args []string, e env) error {
 	if sims < 1 || sims > 16 || workers < 1 {
 		return fmt.Errorf("%w: --simulators must be 1..16 and --workers at least 1", errUsage)
 	}
+	if interval < time.Second {
+		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
+	}
+	if natsPort < 0 || natsPort > 65535 {
+		return fmt.Errorf("%w: --nats-port must be 0..65535 (0 picks a free port)", errUsage)
+	}
 	log, err := l.logger(e.stderr)
 	if err != nil {
 		return err
 	}
-	out := e.stdout
+	// Services, error events and status lines are printed from several goroutines.
+	out := &syncWriter{w: e.stdout}
 	start := time.Now()
 	// The simulators serve self-signed certificates.
 	w.insecure = true
@@ -169,14 +178,20 @@ func runDev(ctx context.Context, args []string, e env) error {
 	defer nc.Close()
 	sub, err := nc.Subscribe(events.Subjects{Prefix: n.prefix}.Errors(), func(m *nats.Msg) {
 		errCount.Add(1)
-		fmt.Fprint(out, "ERROR ")
-		printError(out, m.Subject, m.Data, false)
+		var b bytes.Buffer
+		b.WriteString("ERROR ")
+		printError(&b, m.Subject, m.Data, false)
+		_, _ = out.Write(b.Bytes())
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe to error events: %w", err)
 	}
 	defer sub.Unsubscribe()
-	count := watchServices(runCtx, kube, w.namespace, w.managedBy, out, &wg)
+	mine := map[string]bool{}
+	for _, en := range entries {
+		mine[plan.LabelValue(en.Namespace+"."+en.Name)] = true
+	}
+	count := watchServices(runCtx, kube, w.namespace, w.managedBy, mine, out, &wg)
 
 	// 5. Discovery publisher (static source; one process, no election).
 	pubNC, err := n.connect("matbus-dev-discovery", log)
@@ -281,22 +296,21 @@ func ensureNamespace(ctx context.Context, kube kubernetes.Interface, ns string) 
 }
 
 // watchServices prints our Services as they are created, changed and
-// deleted, and returns a function counting them.
-func watchServices(ctx context.Context, kube kubernetes.Interface, ns, managedBy string, out io.Writer, wg *sync.WaitGroup) func() int {
+// deleted, and returns a function counting those of instances (by their
+// instance label), so Services of other pipelines in the namespace are not
+// counted.
+func watchServices(ctx context.Context, kube kubernetes.Interface, ns, managedBy string, instances map[string]bool, out io.Writer, wg *sync.WaitGroup) func() int {
 	f := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{plan.LabelManagedBy: managedBy}.String()
 		}))
 	inf := f.Core().V1().Services()
-	var mu sync.Mutex
 	line := func(op string, s *corev1.Service) {
-		mu.Lock()
-		defer mu.Unlock()
 		ip := s.Spec.ClusterIP
 		if len(s.Spec.ExternalIPs) > 0 {
 			ip = "external " + s.Spec.ExternalIPs[0]
 		}
-		fmt.Fprintf(out, "%s service %-42s %-7s %-16s %s\n", op, s.Name, s.Labels[plan.LabelMachineType], ip, s.Labels[plan.LabelInstance])
+		fmt.Fprintf(out, "%s service %-42s %-11s %-16s %s\n", op, s.Name, s.Labels[plan.LabelMachineType], ip, s.Labels[plan.LabelInstance])
 	}
 	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(o any) {
@@ -333,6 +347,24 @@ func watchServices(ctx context.Context, kube kubernetes.Interface, ns, managedBy
 			return 0
 		}
 		l, _ := lister.Services(ns).List(labels.Everything())
-		return len(l)
+		n := 0
+		for _, s := range l {
+			if instances[s.Labels[plan.LabelInstance]] {
+				n++
+			}
+		}
+		return n
 	}
+}
+
+// syncWriter serialises writes from several goroutines to one writer.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }

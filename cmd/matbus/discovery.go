@@ -46,6 +46,9 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 }
 
 func (o *discoveryOpts) validate() error {
+	if o.interval < time.Second {
+		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
+	}
 	if o.renewDeadline >= o.leaseDuration {
 		return fmt.Errorf("%w: --leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration", errUsage)
 	}

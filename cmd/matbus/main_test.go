@@ -81,6 +81,10 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{"bad static url", []string{"discovery", "--static", "a=ftp://x", "--leader-elect=false", "--health-addr", ""}, nil, 2, "scheme"},
 		{"static with election but no cluster", []string{"discovery", "--static", "a=https://x:1", "--health-addr", ""}, nil, 2, "leader-elect=false"},
 		{"bad env value", []string{"matsim"}, map[string]string{"MATBUS_HOSTS": "many"}, 2, "MATBUS_HOSTS"},
+		{"bad managed-by", []string{"worker", "--managed-by", "bad value!"}, nil, 2, "managed-by"},
+		{"http nats url", []string{"worker", "--nats-url", "http://127.0.0.1:4222"}, nil, 2, "nats://"},
+		{"sync interval too short", []string{"discovery", "--sync-interval", "1ns", "--static", "a=https://x:1"}, nil, 2, "at least 1s"},
+		{"nats port out of range", []string{"dev", "--nats-port", "70000"}, nil, 2, "0..65535"},
 		{"version", []string{"version"}, nil, 0, ""},
 	}
 	for _, c := range cases {

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/matbus/matbus/events"
@@ -63,6 +65,9 @@ func (o *workerOpts) validate() error {
 	}
 	if _, err := parseSelector(o.targetSelector); err != nil {
 		return err
+	}
+	if errs := validation.IsValidLabelValue(o.managedBy); o.managedBy == "" || len(errs) > 0 {
+		return fmt.Errorf("%w: --managed-by %q is not a valid label value: %s", errUsage, o.managedBy, strings.Join(errs, "; "))
 	}
 	return nil
 }
@@ -183,7 +188,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	}
 	reg := prometheus.NewRegistry()
 	workerMetrics(reg, w)
-	if err := serveHealth(ctx, healthAddr, w.Ready, reg, log); err != nil {
+	ready := func() bool { return w.Ready() && nc.IsConnected() }
+	if err := serveHealth(ctx, healthAddr, ready, reg, log); err != nil {
 		return err
 	}
 	return w.Run(ctx)
