@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/matbus/matbus/events"
 )
 
@@ -102,14 +104,22 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		p.fail(ctx, "", fmt.Sprintf("read instances stream: %v", err))
 		return
 	}
-	for _, key := range bad {
-		p.log.Warn("unreadable instance record; republishing if the source has it", "instance", key)
-	}
 	scope := p.src.Scope()
 	want := map[string]bool{}
-	bucket := strconv.FormatInt(time.Now().UnixNano()/int64(p.cfg.SyncInterval), 10)
 	for _, inst := range cur {
 		want[inst.Key] = true
+	}
+	for _, key := range bad {
+		if want[key] {
+			p.log.Warn("unreadable instance record; republishing it from the source", "instance", key)
+			continue
+		}
+		// Nobody's current instance: an unreadable record only makes every
+		// worker report it again. Remove it.
+		p.purge(ctx, key)
+	}
+	bucket := strconv.FormatInt(time.Now().UnixNano()/int64(p.cfg.SyncInterval), 10)
+	for _, inst := range cur {
 		rec, had := recs[inst.Key]
 		if had && rec.Present() && rec.Instance.Scope != scope {
 			p.fail(ctx, inst.Key, fmt.Sprintf("instance %s is also reported by source %q; ignored here", inst.Key, rec.Instance.Scope))
@@ -170,4 +180,17 @@ func (p *Publisher) fail(ctx context.Context, key, msg string) {
 		return
 	}
 	p.log.Error("discovery failure", "instance", key, "error", msg)
+}
+
+// purge removes the stored record of key from the instances stream.
+func (p *Publisher) purge(ctx context.Context, key string) {
+	s, err := p.bus.JS.Stream(ctx, p.bus.StreamName("INSTANCES"))
+	if err == nil {
+		err = s.Purge(ctx, jetstream.WithPurgeSubject(p.bus.Subjects.Instance(key)))
+	}
+	if err != nil {
+		p.fail(ctx, key, fmt.Sprintf("purge unreadable instance record: %v", err))
+		return
+	}
+	p.log.Warn("unreadable instance record purged", "instance", key)
 }

@@ -200,3 +200,26 @@ func TestStaticParsing(t *testing.T) {
 		t.Error("ParseStatic accepted an item without '='")
 	}
 }
+
+// Garbage stored on an instance subject that no source reports is purged,
+// so workers stop reporting it; garbage where the source has an instance is
+// overwritten by a good record.
+func TestPublisherPurgesUnreadableRecords(t *testing.T) {
+	b := newBus(t)
+	ctx := context.Background()
+	if err := b.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, subj := range []string{b.Subjects.Instance("ns.junk"), b.Subjects.Instance("ns.mat-0")} {
+		if _, err := b.JS.Publish(ctx, subj, []byte("garbage")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, _ := NewStatic("t", []StaticEntry{{Namespace: "ns", Name: "mat-0", URL: "https://a:1266"}})
+	runPublisher(t, b, src, time.Hour)
+	eventually(t, "mat-0 republished", present(b, "ns.mat-0"))
+	eventually(t, "junk purged", func() bool {
+		_, found, err := b.LastInstance(ctx, "ns.junk")
+		return err == nil && !found
+	})
+}

@@ -326,6 +326,9 @@ func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord,
 		return rec, false, fmt.Errorf("events: read instance %s: %w", key, err)
 	}
 	rec, err = decodeInstanceRecord(m.Data)
+	if err == nil && rec.Instance.Key != key {
+		err = fmt.Errorf("%w: record on %s names instance %q", ErrMalformed, m.Subject, rec.Instance.Key)
+	}
 	rec.Seq, rec.Time = m.Sequence, m.Time
 	return rec, err == nil, err
 }
@@ -365,6 +368,9 @@ func (b *Bus) Instances(ctx context.Context) (recs map[string]InstanceRecord, ba
 		}
 		key := strings.TrimPrefix(subj, b.Subjects.p()+".instances.")
 		rec, err := decodeInstanceRecord(m.Data)
+		if err == nil && rec.Instance.Key != key {
+			err = ErrMalformed
+		}
 		if err != nil {
 			bad = append(bad, key)
 			continue

@@ -196,3 +196,21 @@ func TestReporterRateLimits(t *testing.T) {
 		t.Fatalf("Suppressed = %d, want 5", last.Suppressed)
 	}
 }
+
+func TestReporterPublishesAChangedCause(t *testing.T) {
+	b, _ := newBus(t, Config{Memory: true})
+	r := NewReporter(b, nil, "w1", time.Hour)
+	ctx := context.Background()
+	e := Error{Kind: ErrorFetch, Instance: "ns.a", Message: "invalid status: machines: is null"}
+	if !r.Report(ctx, e) {
+		t.Fatal("first event not published")
+	}
+	e.Message = "invalid status: machines[0].bmc.redfish.listen_port: 70000 is out of range"
+	if !r.Report(ctx, e) {
+		t.Fatal("an event with another cause was suppressed")
+	}
+	e.Message = "invalid status: machines[3].bmc.redfish.listen_port: 70001 is out of range"
+	if r.Report(ctx, e) {
+		t.Fatal("the same cause with other numbers was published again inside the window")
+	}
+}

@@ -10,8 +10,9 @@ import (
 )
 
 // Reporter turns failures into a log line and an error event on
-// <prefix>.errors.<kind>. Events for the same kind and target (instance,
-// Service, URL, subject) are rate limited to one per Window; the next one
+// <prefix>.errors.<kind>. Events for the same kind, target (instance,
+// Service, URL, subject) and cause (the message without its digits, so a
+// changed cause is published at once) are rate limited to one per Window; the next one
 // published carries the count of those suppressed. Logging never waits on
 // NATS: a failed publish is logged and dropped.
 type Reporter struct {
@@ -58,7 +59,7 @@ func (r *Reporter) Report(ctx context.Context, e Error) bool {
 	r.log.Log(ctx, level, "failure", "kind", e.Kind, "instance", e.Instance, "service", e.Service,
 		"url", e.URL, "subject", e.Subject, "permanent", e.Permanent, "attempts", e.Attempts, "error", e.Message)
 
-	key := string(e.Kind) + "|" + e.Instance + "|" + e.Service + "|" + e.URL + "|" + e.Subject
+	key := string(e.Kind) + "|" + e.Instance + "|" + e.Service + "|" + e.URL + "|" + e.Subject + "|" + cause(e.Message)
 	now := r.now()
 	r.mu.Lock()
 	ent := r.last[key]
@@ -92,4 +93,16 @@ func (r *Reporter) Report(ctx context.Context, e Error) bool {
 		return false
 	}
 	return true
+}
+
+// cause reduces a message to its shape: digits dropped (counts, ports,
+// attempts, times) and at most 240 bytes kept.
+func cause(msg string) string {
+	b := make([]byte, 0, min(len(msg), 240))
+	for i := 0; i < len(msg) && len(b) < 240; i++ {
+		if msg[i] < '0' || msg[i] > '9' {
+			b = append(b, msg[i])
+		}
+	}
+	return string(b)
 }

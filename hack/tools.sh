@@ -19,7 +19,11 @@ build_module_tools() { # <dir> <stamp> <builds...>
 	fi
 	for b in "$@"; do
 		local name=${b%%=*} pkg=${b#*=}
-		echo ">> building $name from Go modules ($pkg) into .bin/ — the first build of kube-apiserver takes about 7-14 minutes on 2 cores; later ones are quick"
+		if [ "$name" = kube-apiserver ]; then
+			echo ">> building kube-apiserver from Go modules into .bin/ — the first build takes about 7-14 minutes on 2 cores; later ones take seconds"
+		else
+			echo ">> building $name from Go modules ($pkg) into .bin/"
+		fi
 		(cd "$dir" && go build -trimpath -o "$bin/$name" "$pkg")
 	done
 	echo "$want" >"$bin/$stamp.stamp"

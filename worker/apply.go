@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 
 	"github.com/cenkalti/backoff/v4"
@@ -166,30 +167,51 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 		w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Service: svc.Namespace + "/" + svc.Name,
 			MatID: svc.Annotations[plan.AnnotationMatID], Message: msg, Permanent: true, Attempts: attempt})
 	}
-	return cls, &retryError{attempts: attempt, msg: msg}
+	return cls, &retryError{attempts: attempt, msg: msg, last: err}
 }
 
 // retryError is a failure that outlasted retry's backoff.
 type retryError struct {
 	attempts int
-	msg      string
+	msg      string // the classifier's message
+	last     error  // the last error itself
 }
 
 func (e *retryError) Error() string { return e.msg }
+func (e *retryError) Unwrap() error { return e.last }
 
 // reportTransient publishes one error event for the writes of one job that
 // failed transiently after their backoff: per instance and kind, not per
 // Service, so an API outage or an overloaded API server gives one event per
-// rate-limit window instead of one per Service.
+// rate-limit window instead of one per Service. The message names the
+// cause without the Service or URL (those are in the worker's log), so it
+// reads the same for every job the same outage fails.
 func (w *Worker) reportTransient(ctx context.Context, key string, kind events.ErrorKind, failed []string, total int, first error) {
 	attempts := 0
 	var re *retryError
 	if errors.As(first, &re) {
 		attempts = re.attempts
 	}
+	w.log.Warn("Service writes failed transiently; the job will be retried", "instance", key, "services", failed, "error", first)
 	w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Attempts: attempts,
-		Message: fmt.Sprintf("%d of %d Service writes failed after retrying for up to %v (will be retried); first, %s: %v",
-			len(failed), total, w.cfg.RetryMaxElapsed, failed[0], first)})
+		Message: fmt.Sprintf("%d of %d Service writes failed after retrying for up to %v; the job will be retried: %s",
+			len(failed), total, w.cfg.RetryMaxElapsed, transientCause(first))})
+}
+
+// transientCause describes a transient failure by what went wrong, not
+// where: the status code and reason of an API answer, or the network error
+// of a request (without the request's URL).
+func transientCause(err error) string {
+	var st apierrors.APIStatus
+	if errors.As(err, &st) {
+		s := st.Status()
+		return fmt.Sprintf("HTTP %d %s", s.Code, s.Reason)
+	}
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err.Error()
+	}
+	return err.Error()
 }
 
 // create creates want; if the name exists and is ours, it converges the

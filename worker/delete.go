@@ -15,6 +15,12 @@ import (
 // handleDelete runs one delete job.
 func (w *Worker) handleDelete(ctx context.Context, env events.Envelope, subject string) error {
 	job, err := events.Into[events.DeleteJob](env, events.TypeDeleteJob)
+	if err == nil {
+		err = keyMatches(subject, job.Key)
+	}
+	if err == nil && job.Namespace != w.cfg.Plan.Namespace {
+		err = fmt.Errorf("%w: delete job for namespace %q; this worker manages %q", events.ErrMalformed, job.Namespace, w.cfg.Plan.Namespace)
+	}
 	if err != nil {
 		w.rejectEvent(ctx, subject, err)
 		return &jobError{Err: err, Reported: true}

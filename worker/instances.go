@@ -91,6 +91,9 @@ func (w *Worker) handleInstanceMsg(ctx context.Context, subject string, data []b
 		var inst events.Instance
 		inst, err = events.Into[events.Instance](env, events.TypeInstanceAppeared, events.TypeInstanceGone)
 		if err == nil {
+			err = keyMatches(subject, inst.Key)
+		}
+		if err == nil {
 			w.applyInstance(ctx, env.Type, inst)
 			return
 		}

@@ -25,6 +25,9 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 	switch env.Type {
 	case events.TypeSyncJob:
 		job, err := events.Into[events.SyncJob](env, events.TypeSyncJob)
+		if err == nil {
+			err = keyMatches(subject, job.Key)
+		}
 		if err != nil {
 			w.rejectEvent(ctx, subject, err)
 			return &jobError{Err: err, Reported: true}
@@ -38,6 +41,9 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 		return err
 	case events.TypeCleanupJob:
 		job, err := events.Into[events.CleanupJob](env, events.TypeCleanupJob)
+		if err == nil {
+			err = keyMatches(subject, job.Key)
+		}
 		if err != nil {
 			w.rejectEvent(ctx, subject, err)
 			return &jobError{Err: err, Reported: true}
@@ -265,6 +271,16 @@ func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.
 			return ctx.Err()
 		}
 		return &jobError{Retry: true, Err: fmt.Errorf("publish delete jobs: %s", strings.Join(errs, "; "))}
+	}
+	return nil
+}
+
+// keyMatches rejects a message whose data names another instance than its
+// subject: such a message could act on an instance outside the per-instance
+// ordering of its subject.
+func keyMatches(subject, key string) error {
+	if k, ok := events.KeyFromSubject(subject); !ok || k != key {
+		return fmt.Errorf("%w: data key %q does not match subject %s", events.ErrMalformed, key, subject)
 	}
 	return nil
 }

@@ -90,6 +90,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("read error events: %w", err)
 	}
 	defer it.Stop()
+	printed := 0
 	for {
 		nctx := ctx
 		var cancel context.CancelFunc = func() {}
@@ -99,11 +100,15 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		m, err := it.Next(jetstream.NextContext(nctx))
 		cancel()
 		if err != nil {
+			if !follow && printed == 0 && ctx.Err() == nil {
+				fmt.Fprintf(e.stderr, "no error events in the last %s\n", since)
+			}
 			if ctx.Err() != nil || !follow {
 				return nil
 			}
 			return fmt.Errorf("read error events: %w", err)
 		}
+		printed++
 		printError(e.stdout, m.Subject(), m.Data(), asJSON)
 		if !follow {
 			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
