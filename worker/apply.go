@@ -101,7 +101,7 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	}
 	if len(transient) > 0 {
 		w.reportTransient(ctx, key, firstKind, transient, len(ops), firstErr)
-		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %v", len(transient), transient[0], firstErr)}
+		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %w", len(transient), transient[0], firstErr)}
 	}
 	if len(permanent) > 0 {
 		// Reported per Service already; the job is terminated, not retried.

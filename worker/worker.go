@@ -381,8 +381,11 @@ func (w *Worker) runJob(ctx context.Context, msg jetstream.Msg, h jobHandler) {
 	case errors.As(err, &je) && je.Retry:
 		if delivered >= uint64(w.bus.Config().MaxDeliver) {
 			w.failed.Add(1)
+			// The event names the cause, not the Service (that is in the log), so
+			// the jobs one fault exhausts share one event per rate-limit window.
+			w.log.Warn("job gave up", "subject", subject, "deliveries", delivered, "error", err)
 			w.report.Report(ctx, events.Error{Kind: kindOf(env.Type), Instance: keyOf(subject), Subject: subject,
-				Message: fmt.Sprintf("job gave up after %d deliveries: %v", delivered, err), Attempts: int(delivered)})
+				Message: fmt.Sprintf("job gave up after %d deliveries: %s", delivered, transientCause(err)), Attempts: int(delivered)})
 			_ = msg.TermWithReason("deliveries exhausted")
 			return
 		}
