@@ -147,7 +147,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			return fmt.Errorf("worker: informer for %v did not sync", typ)
 		}
 	}
-	if err := w.bus.EnsureStreams(ctx); err != nil && ctx.Err() == nil {
+	if err := w.bus.EnsureStreams(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // shut down before NATS was reachable
+		}
 		w.log.Warn("streams not ready yet, retrying in the consumers", "error", err)
 	}
 

@@ -73,7 +73,7 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 	}
 	if !nc.IsConnected() {
 		// RetryOnFailedConnect keeps trying in the background; say so once.
-		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", o.url, "error", nc.LastError())
+		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", o.url)
 	}
 	return nc, nil
 }

@@ -236,7 +236,11 @@ func runDev(ctx context.Context, args []string, e env) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = wk.Run(runCtx) }()
 	}
-	fmt.Fprintf(out, "Pipeline                 1 discovery publisher, %d workers, sync every %s; expecting %d Services. Ctrl-C stops.\n", workers, interval, expected)
+	stopHint := " Ctrl-C stops."
+	if once {
+		stopHint = " Exits when they exist (--once)."
+	}
+	fmt.Fprintf(out, "Pipeline                 1 discovery publisher, %d workers, sync every %s; expecting %d Services.%s\n", workers, interval, expected, stopHint)
 
 	summary := func(converged bool) devSummary {
 		return devSummary{Converged: converged, Services: count(), Expected: expected, Errors: errCount.Load(),
