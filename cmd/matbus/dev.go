@@ -69,13 +69,8 @@ func runDev(ctx context.Context, args []string, e env) error {
 	// dev's own defaults differ from the worker's.
 	_ = fs.Set("namespace", "matbus-dev")
 	fs.Lookup("namespace").DefValue = "matbus-dev"
-	if err := parseWithEnv(fs, args, e.getenv); err != nil {
-		return usageErr(err)
-	}
-	for _, v := range []func() error{n.validate, k.validate, w.validate} {
-		if err := v(); err != nil {
-			return err
-		}
+	if err := parseAndValidate(fs, args, e.getenv, n.validate, k.validate, w.validate); err != nil {
+		return err
 	}
 	if sims < 1 || sims > 16 || workers < 1 {
 		return fmt.Errorf("%w: --simulators must be 1..16 and --workers at least 1", errUsage)

@@ -111,13 +111,8 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	o.register(fs)
 	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
 	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
-	if err := parseWithEnv(fs, args, e.getenv); err != nil {
-		return usageErr(err)
-	}
-	for _, v := range []func() error{n.validate, k.validate, o.validate} {
-		if err := v(); err != nil {
-			return err
-		}
+	if err := parseAndValidate(fs, args, e.getenv, n.validate, k.validate, o.validate); err != nil {
+		return err
 	}
 	log, err := l.logger(e.stderr)
 	if err != nil {

@@ -124,3 +124,17 @@ func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Durat
 	*p = def
 	fs.Var(positiveDuration{p}, name, usage)
 }
+
+// parseAndValidate parses args (command line first, then environment) and
+// runs each validator; a parse failure is a usage error.
+func parseAndValidate(fs *flag.FlagSet, args []string, getenv func(string) string, validators ...func() error) error {
+	if err := parseWithEnv(fs, args, getenv); err != nil {
+		return usageErr(err)
+	}
+	for _, v := range validators {
+		if err := v(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -152,13 +152,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	k.register(fs)
 	o.register(fs)
 	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
-	if err := parseWithEnv(fs, args, e.getenv); err != nil {
-		return usageErr(err)
-	}
-	for _, v := range []func() error{n.validate, k.validate, o.validate} {
-		if err := v(); err != nil {
-			return err
-		}
+	if err := parseAndValidate(fs, args, e.getenv, n.validate, k.validate, o.validate); err != nil {
+		return err
 	}
 	log, err := l.logger(e.stderr)
 	if err != nil {
