@@ -5,26 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/matbus/matbus/events"
-	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/internal/testenv"
 )
 
 func newBus(t *testing.T) *events.Bus {
 	t.Helper()
-	s, err := natsserver.Start(natsserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Shutdown)
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	b, err := events.New(nc, events.Config{Memory: true}, nil)
+	b, err := events.New(testenv.NATS(t), events.Config{Memory: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,21 +8,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/internal/testenv"
 )
 
 func newBus(t *testing.T, cfg Config) (*Bus, *nats.Conn) {
 	t.Helper()
-	s, err := natsserver.Start(natsserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(s.Shutdown)
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := testenv.NATS(t)
 	b, err := New(nc, cfg, nil)
 	if err != nil {
 		t.Fatal(err)

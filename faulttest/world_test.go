@@ -2,8 +2,6 @@ package faulttest
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,6 +26,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
@@ -65,9 +64,9 @@ type world struct {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	requireSetup(t)
-	leak := append(knownBackground(), goleak.IgnoreCurrent())
+	leak := append(testenv.LeakOptions(), goleak.IgnoreCurrent())
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &world{t: t, ctx: ctx, dir: t.TempDir(), ns: namespaceFor(t.Name())}
+	w := &world{t: t, ctx: ctx, dir: t.TempDir(), ns: testenv.Namespace("f", t.Name())}
 	var out io.Writer = io.Discard
 	if os.Getenv("MATBUS_TEST_LOG") != "" {
 		out = os.Stderr
@@ -120,37 +119,6 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	return w
-}
-
-// knownBackground are goroutines that outlive a test by design: klog's
-// flush daemon and pooled HTTP connections to the shared API server.
-func knownBackground() []goleak.Option {
-	return []goleak.Option{
-		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"),
-		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
-	}
-}
-
-func namespaceFor(test string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(test) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('-')
-		}
-	}
-	name := strings.Trim(b.String(), "-")
-	if len(name) > 40 {
-		name = strings.TrimRight(name[:40], "-")
-	}
-	var rnd [3]byte
-	_, _ = rand.Read(rnd[:])
-	return "f-" + name + "-" + hex.EncodeToString(rnd[:])
 }
 
 // deleteNamespace deletes every Service of the namespace (no

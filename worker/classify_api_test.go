@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/worker"
 )
@@ -102,7 +103,7 @@ func TestClassifyRealAPIErrors(t *testing.T) {
 	c := requireCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ns := namespaceFor(t.Name())
+	ns := testenv.Namespace("t", t.Name())
 	if _, err := adminKube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package worker_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +29,7 @@ import (
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
@@ -134,7 +133,7 @@ func newEnv(t *testing.T) *env {
 	c := requireCluster(t)
 	// Goroutines that exist now (other packages' daemons, the shared API
 	// client's connections) are not this test's.
-	leakOpts := append(knownBackground(), goleak.IgnoreCurrent())
+	leakOpts := append(testenv.LeakOptions(), goleak.IgnoreCurrent())
 
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &env{t: t, ctx: ctx, kube: adminKube, logs: &syncBuffer{}}
@@ -149,7 +148,7 @@ func newEnv(t *testing.T) *env {
 	}
 	e.cidrs = []netip.Prefix{cidr}
 
-	e.ns = namespaceFor(t.Name())
+	e.ns = testenv.Namespace("t", t.Name())
 	if _, err := e.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns}},
 		metav1.CreateOptions{}); err != nil {
 		cancel()
@@ -195,39 +194,6 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	return e
-}
-
-// knownBackground are goroutines of libraries that outlive any one test by
-// design: klog's flush daemon and pooled HTTP connections (to the shared
-// API server; matclient's are closed with the client).
-func knownBackground() []goleak.Option {
-	return []goleak.Option{
-		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"),
-		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
-	}
-}
-
-// namespaceFor returns a fresh DNS-label namespace name for a test.
-func namespaceFor(test string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(test) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-		default:
-			b.WriteByte('-')
-		}
-	}
-	name := strings.Trim(b.String(), "-")
-	if len(name) > 40 {
-		name = strings.TrimRight(name[:40], "-")
-	}
-	var rnd [3]byte
-	_, _ = rand.Read(rnd[:])
-	return "t-" + name + "-" + hex.EncodeToString(rnd[:])
 }
 
 // deleteNamespace deletes every Service of the namespace (so their cluster
