@@ -15,15 +15,29 @@ import (
 // changed cause is published at once) are rate limited to one per Window; the next one
 // published carries the count of those suppressed. Logging never waits on
 // NATS: a failed publish is logged and dropped.
+//
+// No secret and no field of unbounded size leaves a Reporter: the user info
+// of URLs is stripped from every text field (StripUserInfo), the logger's
+// Redactor (when its handler is one) is applied to them, and they are cut to
+// MaxErrorMessage / MaxErrorField bytes, and further until the event fits
+// the server's max_payload (Bus.MaxEventBytes), with TruncatedMarker.
 type Reporter struct {
 	bus    *Bus
 	log    *slog.Logger
+	redact func(string) string
 	worker string
 	window time.Duration
 	now    func() time.Time
 
 	mu   sync.Mutex
 	last map[string]*rateEntry
+}
+
+// Redactor removes secrets from text. A Reporter whose logger's handler
+// implements it applies it to every text field of an error event, so what
+// the log would hide is not published either.
+type Redactor interface {
+	Redact(s string) string
 }
 
 type rateEntry struct {
@@ -41,17 +55,33 @@ func NewReporter(bus *Bus, log *slog.Logger, worker string, window time.Duration
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reporter{bus: bus, log: log, worker: worker, window: window, now: time.Now, last: map[string]*rateEntry{}}
+	redact := StripUserInfo
+	if rd, ok := log.Handler().(Redactor); ok {
+		redact = func(s string) string { return StripUserInfo(rd.Redact(s)) }
+	}
+	return &Reporter{bus: bus, log: log, redact: redact, worker: worker, window: window, now: time.Now, last: map[string]*rateEntry{}}
+}
+
+// redactFields redacts every text field of e.
+func (r *Reporter) redactFields(e Error) Error {
+	for _, f := range []*string{&e.Message, &e.Instance, &e.URL, &e.Service, &e.MatID, &e.Subject, &e.Worker} {
+		*f = r.redact(*f)
+	}
+	return e
 }
 
 // Report logs e (warn level for close errors, error level otherwise) and
 // publishes it unless the rate limit suppresses it. It reports whether the
-// event was published. The publish uses its own 5 s timeout, detached from
-// ctx's cancellation so a failure seen during shutdown is still recorded.
+// event was published. Both the log line and the event carry e's fields
+// redacted and cut as the Reporter's doc says. The publish uses its own 5 s
+// timeout, detached from ctx's cancellation so a failure seen during
+// shutdown is still recorded.
 func (r *Reporter) Report(ctx context.Context, e Error) bool {
 	if e.Worker == "" {
 		e.Worker = r.worker
 	}
+	full := r.redactFields(e)
+	e = full.capFields(MaxErrorMessage, MaxErrorField)
 	level := slog.LevelError
 	if e.Kind == ErrorClose {
 		level = slog.LevelWarn
@@ -86,9 +116,16 @@ func (r *Reporter) Report(ctx context.Context, e Error) bool {
 	if r.bus == nil {
 		return false
 	}
+	id := "err-" + nuid.Next()
+	full.Suppressed = e.Suppressed
+	body, err := fitError(full, r.bus.MaxEventBytes(), r.bus.encodeError(id))
+	if err != nil {
+		r.log.Warn("error event not published", "kind", e.Kind, "error", err)
+		return false
+	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := r.bus.Publish(pctx, r.bus.Subjects.Error(e.Kind), TypeError, "err-"+nuid.Next(), e); err != nil {
+	if err := r.bus.PublishRaw(pctx, r.bus.Subjects.Error(e.Kind), id, body); err != nil {
 		r.log.Warn("error event not published", "kind", e.Kind, "error", err)
 		return false
 	}
