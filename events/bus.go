@@ -265,11 +265,16 @@ func (b *Bus) Publish(ctx context.Context, subject string, typ Type, id string, 
 	return b.PublishRaw(ctx, subject, id, body)
 }
 
-// PublishRaw publishes an already encoded body; see Publish.
+// PublishRaw publishes an already encoded body; see Publish. A body larger
+// than the server's max_payload (or the stream's maximum message size) is
+// not retried: the error wraps nats.ErrMaxPayload or the server's answer.
+// When retries end because ctx ended, the error names the last cause seen
+// before (wrapped too), not only the context's error.
 func (b *Bus) PublishRaw(ctx context.Context, subject, id string, body []byte) error {
 	bo := backoff.NewExponentialBackOff(backoff.WithInitialInterval(100*time.Millisecond),
 		backoff.WithMaxInterval(3*time.Second), backoff.WithMaxElapsedTime(30*time.Second))
 	attempt := 0
+	var cause error // the last failure that is not the context's
 	op := func() error {
 		attempt++
 		opts := []jetstream.PublishOpt{}
@@ -280,8 +285,14 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, body []byte) e
 		if err == nil {
 			return nil
 		}
+		if isTooBig(err) {
+			return backoff.Permanent(fmt.Errorf("%w (%d bytes)", err, len(body)))
+		}
 		if ctx.Err() != nil {
 			return backoff.Permanent(err)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			cause = err
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) {
 			// The stream may be gone (server lost its store): put it back.
@@ -292,10 +303,14 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, body []byte) e
 		b.log.Debug("publish retry", "subject", subject, "attempt", attempt, "error", err)
 		return err
 	}
-	if err := backoff.Retry(op, backoff.WithContext(bo, ctx)); err != nil {
-		return fmt.Errorf("events: publish %s (%d attempts): %w", subject, attempt, err)
+	err := backoff.Retry(op, backoff.WithContext(bo, ctx))
+	if err == nil {
+		return nil
 	}
-	return nil
+	if cause != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return fmt.Errorf("events: publish %s (%d attempts): %w (gave up: %w)", subject, attempt, cause, err)
+	}
+	return fmt.Errorf("events: publish %s (%d attempts): %w", subject, attempt, err)
 }
 
 // InstanceRecord is the last event stored for one instance subject.
