@@ -239,12 +239,12 @@ func TestBuildHolds(t *testing.T) {
 		}
 		return st
 	}
-	// Two distinct ids whose names collide: the invalid upper-case id is
-	// sanitised to the same 12 bytes, and FNV-1a-32 of both is 40516634.
+	// Two distinct ids whose (kept, old controller's) names collide: the
+	// same first 12 bytes, and FNV-1a-32 of both is 0adeb684.
 	collide := func(reversed bool) *matclient.Status {
 		st := &matclient.Status{Schema: matclient.SchemaV2, Machines: []matclient.Device{
-			hostWithIP("abcdefghijkl-zj2qufnd", "192.0.2.1"),
-			hostWithIP("ABCDEFGHIJKL-8ivfz8il", "192.0.2.2"),
+			hostWithIP("host-rack-01-f3zlaaa", "192.0.2.1"),
+			hostWithIP("host-rack-01-0papaaa", "192.0.2.2"),
 		}}
 		if reversed {
 			slices.Reverse(st.Machines)
@@ -273,14 +273,23 @@ func TestBuildHolds(t *testing.T) {
 			"10.96.66.10"},
 		{"name collision: smallest mat_id wins",
 			func(*testing.T) *matclient.Status { return collide(false) },
-			[]string{"mat-bmc-host-abcdefghijkl-40516634"},
-			[]Hold{{MatID: "abcdefghijkl-zj2qufnd", Name: "mat-bmc-host-abcdefghijkl-40516634", Reason: HoldNameCollision}},
+			[]string{"mat-bmc-host-host-rack-01-0adeb684"},
+			[]Hold{{MatID: "host-rack-01-f3zlaaa", Name: "mat-bmc-host-host-rack-01-0adeb684", Reason: HoldNameCollision}},
 			"192.0.2.2"},
 		{"name collision, body reversed: same winner",
 			func(*testing.T) *matclient.Status { return collide(true) },
-			[]string{"mat-bmc-host-abcdefghijkl-40516634"},
-			[]Hold{{MatID: "abcdefghijkl-zj2qufnd", Name: "mat-bmc-host-abcdefghijkl-40516634", Reason: HoldNameCollision}},
+			[]string{"mat-bmc-host-host-rack-01-0adeb684"},
+			[]Hold{{MatID: "host-rack-01-f3zlaaa", Name: "mat-bmc-host-host-rack-01-0adeb684", Reason: HoldNameCollision}},
 			"192.0.2.2"},
+		{"upper-case id and its lower-case sanitised twin: no collision",
+			func(*testing.T) *matclient.Status {
+				return &matclient.Status{Schema: matclient.SchemaV2, Machines: []matclient.Device{
+					hostWithIP("ABCDEFGHIJKL-8ivfz8il", "192.0.2.1"),
+					hostWithIP("abcdefghijkl-zj2qufnd", "192.0.2.2"),
+				}}
+			},
+			[]string{"mat-bmc-host-abcdefghijkl-40516634", "mat-bmc-host-abcdefghijkl-f288a2104c980bf4"},
+			nil, "192.0.2.2"},
 		{"same mat_id twice (hand-built): first in body wins",
 			func(*testing.T) *matclient.Status { return sameID },
 			[]string{"mat-bmc-host-host-1"},

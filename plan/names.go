@@ -49,30 +49,53 @@ const (
 	legacyIDBytes = 12
 	// maxLabelValue is the longest valid label value (and DNS-1035 label).
 	maxLabelValue = 63
-	// hashLen is the length of hash8's output.
+	// hashLen is the length of hash8's output (the old controller's hash).
 	hashLen = 8
+	// hash16Len is the length of hash16's output (matbus's own hash).
+	hash16Len = 16
+	// labelHashSep separates the readable part of a hashed label value from
+	// its hash16; "_" never occurs in a DNS-1035 name and rarely in ids.
+	labelHashSep = '_'
+	// labelHashFallback is the readable part of a hashed label value whose
+	// input has no usable byte (a label value must start alphanumeric).
+	labelHashFallback = "h"
 )
 
-// ServiceName returns the Service name of a device:
+// ServiceName returns the Service name of a device, a valid DNS-1035 label
+// of at most 42 bytes:
 //
-//	mat-bmc-<host|dpu>-<id>
+//	mat-bmc-<host|dpu>-<id part>
 //
 // The type token is "dpu" for DPUs and "host" for everything else (hosts,
-// switches, power shelves), as the old controller named them. <id> is, by
-// the old controller's rule, the mat_id itself when it is at most 12 bytes,
-// else its first 12 bytes + "-" + hash8(mat_id), e.g.
-// "922f3d9b-20be-461f-9b69-90928701ce93" (DPU) → "mat-bmc-dpu-922f3d9b-20b-4da64654".
+// switches, power shelves), as the old controller named them; the two
+// prefixes differ, so only ids of the same token can share a name. The id
+// part has one of three shapes:
 //
-// When that old name is a valid DNS-1035 label it is returned unchanged, so
-// an old install is adopted without churn. Otherwise (upper case, `_`, `.`,
-// a trailing `-`, non-ASCII, …) the id is lower-cased, every run of bytes
-// outside [a-z0-9] becomes one "-", leading and trailing "-" are trimmed,
-// at most 12 bytes are kept (trailing "-" trimmed again) and "-" +
-// hash8(original mat_id) is appended, e.g. "Node_7" → "mat-bmc-host-node-7-<hash>",
-// "3F2B6C1E-8A4D-…" → "mat-bmc-host-3f2b6c1e-8a4-14efda34". The hash is
-// always over the original id, so ids that sanitise alike stay distinct. The
-// result is always a valid DNS-1035 label of at most 34 bytes. Distinct ids
-// collide only on a 32-bit FNV collision; Build resolves that (HoldNameCollision).
+//   - kept short (the old controller's rule, mat_id of at most 12 bytes):
+//     the mat_id itself, 1..12 bytes of [a-z0-9-] not ending in "-", e.g.
+//     "host-abcd-12" → "mat-bmc-host-host-abcd-12";
+//   - kept long (the old controller's rule, mat_id of more than 12 bytes):
+//     the first 12 bytes (all [a-z0-9-]) + "-" + hash8(mat_id), exactly 21
+//     bytes with "-" at byte 12, e.g. "922f3d9b-20be-461f-9b69-90928701ce93"
+//     (DPU) → "mat-bmc-dpu-922f3d9b-20b-4da64654";
+//   - hashed (every id whose old name is not a valid DNS-1035 label: upper
+//     case, "_", ".", a trailing "-", non-ASCII, empty, …): x + "-" +
+//     hash16(mat_id), where x is the id lower-cased, every run of bytes
+//     outside [a-z0-9] made one "-", "-" trimmed from both ends, cut to at
+//     most 12 bytes (trailing "-" trimmed again); just hash16(mat_id) when x
+//     is empty. E.g. "Node_7" → "mat-bmc-host-node-7-cfa945d5fb439053",
+//     "3F2B6C1E-8A4D-4C2B-9E7F-0A1B2C3D4E5F" →
+//     "mat-bmc-host-3f2b6c1e-8a4-f3c62d8062c59e54", "" →
+//     "mat-bmc-host-cbf29ce484222325".
+//
+// The kept names are exactly the old controller's wherever those are valid,
+// so an old install is adopted without churn. A hashed id part is 16 or
+// 18..29 bytes and ends in 16 hex digits: it is never 12 bytes or shorter,
+// and when it is 21 bytes (x of 4 bytes) its byte 12 is a hex digit, not
+// "-". So a hashed name never equals a kept name, and two distinct mat_ids
+// share a name only when both are kept long with equal first 12 bytes and
+// an FNV-1a-32 collision, or both are hashed with an FNV-1a-64 collision
+// (and equal x). Build resolves such a pair (HoldNameCollision).
 func ServiceName(t MachineType, matID string) string {
 	prefix := "mat-bmc-" + t.nameToken() + "-"
 	if old := prefix + legacyID(matID); isDNS1035Label(old) {
@@ -100,9 +123,9 @@ func ServiceName(t MachineType, matID string) string {
 		id = append(id, c)
 	}
 	if len(id) == 0 {
-		return prefix + hash8(matID)
+		return prefix + hash16(matID)
 	}
-	return prefix + string(id) + "-" + hash8(matID)
+	return prefix + string(id) + "-" + hash16(matID)
 }
 
 // legacyID is the old controller's id part: the mat_id when at most 12
@@ -115,22 +138,34 @@ func legacyID(matID string) string {
 	return matID[:legacyIDBytes] + "-" + hash8(matID)
 }
 
-// LabelValue returns s when it is a valid label value (at most 63 bytes;
-// empty, or alphanumeric at both ends with [-_.A-Za-z0-9] between).
-// Otherwise it returns a valid value that keeps as much of s as is
-// readable, plus a stable hash: every run of bytes outside [-_.A-Za-z0-9]
-// becomes one "-", non-alphanumerics are trimmed from both ends, at most 54
-// bytes are kept (non-alphanumerics trimmed from the end again) and "-" +
-// hash8(s) is appended (just hash8(s) when nothing is left). E.g. the
-// 70-byte "mat-switch-rack-0001-…-sn000000000000001" → its first 54 bytes +
-// "-11524c59" (63 bytes), "trailing-" → "trailing-<hash>", "hôte-ümlaüt-0001"
-// → "h-te-mla-t-0001-<hash>". Valid values are never hashed, so a hashed
-// value equals a valid one only on a 32-bit FNV collision.
+// LabelValue returns a valid label value for s (an instance key, mat_id,
+// machine id, pod name or managed-by value), in one of two shapes:
+//
+//   - kept: s itself, when s is a valid label value (at most 63 bytes;
+//     empty, or alphanumeric at both ends with [-_.A-Za-z0-9] between) and
+//     does not end in "_" + 16 lower-case hex digits. E.g. a UUID,
+//     "mat-ns.mat-bmc-mock", "Rack1_Host.01", a 59-byte machine id.
+//   - hashed: x + "_" + hash16(s), 18..63 bytes, for every other s. x keeps
+//     as much of s as is readable: every run of bytes outside
+//     [-_.A-Za-z0-9] becomes one "-", non-alphanumerics are trimmed from
+//     both ends, at most 46 bytes are kept (non-alphanumerics trimmed from
+//     the end again); x is "h" when nothing is left. E.g. the 70-byte
+//     "mat-switch-rack-0001-…-sn000000000000001" → its first 46 bytes +
+//     "_" + 16 hex (63 bytes), "trailing-" → "trailing_<16 hex>",
+//     "hôte-ümlaüt-0001" → "h-te-mla-t-0001_<16 hex>", "___" →
+//     "h_<16 hex>", and a valid "node_0123456789abcdef" (already of the
+//     hashed shape) → "node_<16 hex of it>".
+//
+// Every hashed value ends in "_" + 16 hex digits and no kept value does, so
+// a hashed value never equals a kept one; two distinct inputs share a value
+// only when both are hashed, with an FNV-1a-64 collision and the same x.
+// LabelValue is stable but not idempotent on hashed values: apply it once,
+// to the raw input.
 func LabelValue(s string) string {
-	if isLabelValue(s) {
+	if isLabelValue(s) && !hasLabelHash(s) {
 		return s
 	}
-	const keep = maxLabelValue - 1 - hashLen
+	const keep = maxLabelValue - 1 - hash16Len
 	out := make([]byte, 0, maxLabelValue)
 	sep := false
 	for i := 0; i < len(s); i++ {
@@ -158,18 +193,34 @@ func LabelValue(s string) string {
 		out = out[:len(out)-1]
 	}
 	if len(out) == 0 {
-		return hash8(s)
+		out = append(out, labelHashFallback...)
 	}
-	return string(out) + "-" + hash8(s)
+	return string(out) + string(labelHashSep) + hash16(s)
 }
 
+// hasLabelHash reports whether s ends in "_" + 16 lower-case hex digits,
+// the mark of a hashed label value.
+func hasLabelHash(s string) bool {
+	n := len(s) - hash16Len - 1
+	if n < 0 || s[n] != labelHashSep {
+		return false
+	}
+	for i := n + 1; i < len(s); i++ {
+		if !isLowerHex(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+const hexDigit = "0123456789abcdef"
+
 // hash8 is FNV-1a-32 over s as 8 lower-case hex digits, the old
-// controller's name hash.
+// controller's name hash (kept long names only).
 func hash8(s string) string {
 	const (
 		offset32 = 2166136261
 		prime32  = 16777619
-		hexDigit = "0123456789abcdef"
 	)
 	h := uint32(offset32)
 	for i := 0; i < len(s); i++ {
@@ -183,6 +234,28 @@ func hash8(s string) string {
 	}
 	return string(b[:])
 }
+
+// hash16 is FNV-1a-64 over s as 16 lower-case hex digits, the hash of
+// hashed names and label values.
+func hash16(s string) string {
+	const (
+		offset64 = 14695981039346656037
+		prime64  = 1099511628211
+	)
+	h := uint64(offset64)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= prime64
+	}
+	var b [hash16Len]byte
+	for i := hash16Len - 1; i >= 0; i-- {
+		b[i] = hexDigit[h&0xf]
+		h >>= 4
+	}
+	return string(b[:])
+}
+
+func isLowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }
 
 func isAlnum(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'

