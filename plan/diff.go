@@ -45,10 +45,27 @@ type Update struct {
 	Old, New *corev1.Service
 }
 
-// Skip is a desired Service name that Diff does not act on, and why.
+// Skip is a desired Service name that Diff does not act on, and why, with
+// the ids of both sides so that a caller can report the clash, e.g. "Service
+// bmc/mat-bmc-host-x of mat_id A (instance ns.mat-a) is wanted for mat_id
+// B".
 type Skip struct {
-	Name   string
+	// Name is the desired (and existing) Service name.
+	Name string
+	// Reason says why the existing Service is left alone, e.g. `existing
+	// Service belongs to instance "ns.mat-b"`.
 	Reason string
+	// WantMatID is the full mat_id of the desired Service (its
+	// AnnotationMatID).
+	WantMatID string
+	// HaveMatID is the mat_id of the existing Service: its AnnotationMatID,
+	// else its LabelMatID (possibly hashed, see LabelValue), else "" (not a
+	// Service of ours or of the old controller).
+	HaveMatID string
+	// HaveInstance is the existing Service's LabelInstance value
+	// (LabelValue of its instance key), "" when it has none (the old
+	// controller's or a foreign Service).
+	HaveInstance string
 }
 
 // Empty reports whether the plan has nothing to apply (Skipped entries are
@@ -123,11 +140,11 @@ func Diff(d Desired, existing []*corev1.Service, opts Options) Plan {
 			continue
 		}
 		if reason := notOurs(have, d, managedBy); reason != "" {
-			p.Skipped = append(p.Skipped, Skip{Name: want.Name, Reason: reason})
+			p.Skipped = append(p.Skipped, skip(want, have, reason))
 			continue
 		}
 		if have.DeletionTimestamp != nil {
-			p.Skipped = append(p.Skipped, Skip{Name: want.Name, Reason: "existing Service is being deleted"})
+			p.Skipped = append(p.Skipped, skip(want, have, "existing Service is being deleted"))
 			continue
 		}
 		switch {
@@ -208,6 +225,21 @@ func notOurs(have *corev1.Service, d Desired, managedBy string) string {
 }
 
 func quote(s string) string { return `"` + s + `"` }
+
+// skip is the Skip entry for the desired want whose name have holds.
+func skip(want, have *corev1.Service, reason string) Skip {
+	haveID, ok := have.Annotations[AnnotationMatID]
+	if !ok {
+		haveID = have.Labels[LabelMatID]
+	}
+	return Skip{
+		Name:         want.Name,
+		Reason:       reason,
+		WantMatID:    want.Annotations[AnnotationMatID],
+		HaveMatID:    haveID,
+		HaveInstance: have.Labels[LabelInstance],
+	}
+}
 
 // bmcIP is the BMC IP of a desired Service in the given mode.
 func bmcIP(want *corev1.Service, mode IPMode) string {

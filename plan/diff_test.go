@@ -425,6 +425,63 @@ func TestDiffOwnership(t *testing.T) {
 	}
 }
 
+// TestDiffSkipNamesBothIDs: a Skip carries the desired mat_id and the
+// existing Service's mat_id (annotation, else label) and instance, so the
+// clash can be reported with both ids.
+func TestDiffSkipNamesBothIDs(t *testing.T) {
+	const (
+		id922f = "922f3d9b-20be-461f-9b69-90928701ce93"
+		idA159 = "a15919aa-5727-4fb9-84e9-2980007cfc58"
+	)
+	opts := testOptions(IPModeClusterIP)
+	tests := []struct {
+		name string
+		want string // desired name taken by the existing Service
+		edit func(s *corev1.Service)
+		skip Skip // Reason not compared
+	}{
+		{"another instance, another mat_id", dpuA159, func(s *corev1.Service) {
+			s.Labels[LabelInstance] = "other-ns.mat"
+			s.Labels[LabelMatID] = "other-id"
+			s.Annotations[AnnotationMatID] = "Other-ID"
+		}, Skip{Name: dpuA159, WantMatID: idA159, HaveMatID: "Other-ID", HaveInstance: "other-ns.mat"}},
+		{"another instance, mat_id only as a label", dpuA159, func(s *corev1.Service) {
+			s.Labels[LabelInstance] = "other-ns.mat"
+			s.Labels[LabelMatID] = "other-id"
+			delete(s.Annotations, AnnotationMatID)
+		}, Skip{Name: dpuA159, WantMatID: idA159, HaveMatID: "other-id", HaveInstance: "other-ns.mat"}},
+		{"another managed-by, same mat_id", host922f, func(s *corev1.Service) {
+			s.Labels[LabelManagedBy] = "someone-else"
+		}, Skip{Name: host922f, WantMatID: id922f, HaveMatID: id922f, HaveInstance: "mat-ns.mat-bmc-mock"}},
+		{"foreign Service without our labels or annotations", host922f, func(s *corev1.Service) {
+			s.Labels = map[string]string{"app": "x"}
+			s.Annotations = nil
+		}, Skip{Name: host922f, WantMatID: id922f}},
+		{"another pod of this instance", host922f, func(s *corev1.Service) {
+			s.Labels[LabelPodName] = "mat-1"
+		}, Skip{Name: host922f, WantMatID: id922f, HaveMatID: id922f, HaveInstance: "mat-ns.mat-bmc-mock"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Build(testInstance(), loadStatus(t, "v2-mixed.json"), opts)
+			have := existingFrom(t, d, tc.want, "u1")
+			tc.edit(have)
+			p := Diff(d, []*corev1.Service{have}, opts)
+			if len(p.Skipped) != 1 {
+				t.Fatalf("skipped %+v, want one entry", p.Skipped)
+			}
+			got := p.Skipped[0]
+			if got.Reason == "" {
+				t.Error("skip without a reason")
+			}
+			got.Reason = ""
+			if got != tc.skip {
+				t.Errorf("skip %+v\nwant %+v", got, tc.skip)
+			}
+		})
+	}
+}
+
 // TestDiffOverlay: on Update only our fields change; everything foreign is
 // kept.
 func TestDiffOverlay(t *testing.T) {
