@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,24 +13,31 @@ import (
 
 // PublisherConfig tunes a Publisher.
 type PublisherConfig struct {
-	// SyncInterval is how often every present instance gets a sync job; default 30 s.
+	// SyncInterval is how often every present instance gets a full resync
+	// and the source is compared with the instances stream; default 30 s.
 	SyncInterval time.Duration
+	// Scheduler tunes the per-instance sync jobs (poll interval, backoff);
+	// its SyncInterval defaults to the one above.
+	Scheduler SchedulerConfig
 }
 
 // Publisher turns a Source into events: it compares the source's current
 // instances with the instances stream (level-triggered, like a reconcile
-// loop) and publishes instance-appeared plus a sync job for each new or
-// changed instance, instance-gone plus a clean-up job for each instance of
-// its scope that is no longer there, and a sync job per instance every
-// SyncInterval. Event ids are derived from the instance's previous record,
-// so a re-published event de-duplicates and appeared → gone → appeared
-// within the duplicate window still ends with the instance present.
+// loop) and publishes instance-appeared for each new or changed instance
+// (and has the Scheduler give it a full sync at once), instance-gone plus a
+// clean-up job for each instance of its scope that is no longer there. The
+// Scheduler publishes the sync jobs of the present instances: polls every
+// PollInterval, a full resync every SyncInterval. Event ids are derived
+// from the instance's previous record, so a re-published event
+// de-duplicates and appeared → gone → appeared within the duplicate window
+// still ends with the instance present.
 type Publisher struct {
 	bus    *events.Bus
 	src    Source
 	cfg    PublisherConfig
 	log    *slog.Logger
 	report *events.Reporter
+	sched  *Scheduler
 }
 
 // NewPublisher returns a Publisher of src on bus.
@@ -39,11 +45,18 @@ func NewPublisher(bus *events.Bus, src Source, cfg PublisherConfig, report *even
 	if cfg.SyncInterval <= 0 {
 		cfg.SyncInterval = 30 * time.Second
 	}
+	if cfg.Scheduler.SyncInterval <= 0 {
+		cfg.Scheduler.SyncInterval = cfg.SyncInterval
+	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Publisher{bus: bus, src: src, cfg: cfg, log: log, report: report}
+	return &Publisher{bus: bus, src: src, cfg: cfg, log: log, report: report,
+		sched: NewScheduler(bus, cfg.Scheduler, report, log.With("part", "scheduler"))}
 }
+
+// Scheduler returns the publisher's scheduler (for its stats).
+func (p *Publisher) Scheduler() *Scheduler { return p.sched }
 
 // Run starts the source and publishes until ctx ends; it returns nil then.
 // It returns an error only if the source cannot start. Call it while
@@ -71,7 +84,18 @@ func (p *Publisher) Run(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	p.log.Info("discovery publishing", "scope", p.src.Scope(), "sync_interval", p.cfg.SyncInterval)
+	sc := p.sched.Config()
+	p.log.Info("discovery publishing", "scope", p.src.Scope(), "sync_interval", sc.SyncInterval, "poll_interval", sc.PollInterval)
+	sub, err := p.bus.SubscribeResults(p.sched.Result, func(subject string, err error) {
+		p.fail(ctx, "", fmt.Sprintf("unreadable sync result on %s: %v", subject, err))
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	schedDone := make(chan struct{})
+	go func() { defer close(schedDone); p.sched.Run(ctx) }()
+	defer func() { <-schedDone }()
 	p.reconcile(ctx, "start")
 	tick := time.NewTicker(p.cfg.SyncInterval)
 	defer tick.Stop()
@@ -87,14 +111,17 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
-// reconcile publishes the difference between the source and the stream.
-// syncReason "" publishes sync jobs only for appeared instances; "start" and
-// "tick" publish one for every present instance.
+// reconcile publishes the difference between the source and the stream
+// and hands the present instances to the scheduler. syncReason "start"
+// republishes every instance's appeared event and has each fully synced;
+// otherwise only new or changed instances are.
 func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 	cur, ok := p.src.Instances()
 	if !ok {
 		return
 	}
+	present := make([]string, 0, len(cur))
+	defer func() { p.sched.Set(present) }()
 	if err := p.bus.EnsureStreams(ctx); err != nil {
 		p.fail(ctx, "", fmt.Sprintf("ensure streams: %v", err))
 		return
@@ -118,7 +145,6 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		// worker report it again. Remove it.
 		p.purge(ctx, key)
 	}
-	bucket := strconv.FormatInt(time.Now().UnixNano()/int64(p.cfg.SyncInterval), 10)
 	for _, inst := range cur {
 		rec, had := recs[inst.Key]
 		if had && rec.Present() && rec.Instance.Scope != scope {
@@ -126,6 +152,9 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 			continue
 		}
 		changed := !had || !rec.Present() || rec.Instance != inst
+		if !changed {
+			present = append(present, inst.Key)
+		}
 		// A publisher that starts (on taking the lead) republishes the
 		// current state: the appeared event of every instance, under a new
 		// id (the stored record's sequence), which workers handle
@@ -136,16 +165,17 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 				p.fail(ctx, inst.Key, fmt.Sprintf("publish appeared: %v", err))
 				continue
 			}
+			reason := events.ReasonStart
 			if changed {
 				p.log.Info("instance appeared", "instance", inst.Key, "url", inst.URL)
+				present = append(present, inst.Key)
+				reason = events.ReasonAppeared
 			} else {
 				p.log.Debug("instance republished", "instance", inst.Key, "url", inst.URL)
 			}
-			p.sync(ctx, inst.Key, "appeared", fmt.Sprintf("sync:%s:appeared:%d", inst.Key, rec.Seq))
-			continue
-		}
-		if syncReason != "" {
-			p.sync(ctx, inst.Key, syncReason, fmt.Sprintf("sync:%s:%s", inst.Key, bucket))
+			// A full sync at once (after any job the instance has out).
+			p.sched.Add(inst.Key)
+			p.sched.Trigger(inst.Key, reason)
 		}
 	}
 	for key, rec := range recs {
@@ -162,12 +192,6 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		if err := p.bus.Publish(ctx, p.bus.Subjects.Cleanup(key), events.TypeCleanupJob, fmt.Sprintf("cleanup:%s:%d", key, rec.Seq), job); err != nil {
 			p.fail(ctx, key, fmt.Sprintf("publish clean-up job: %v", err))
 		}
-	}
-}
-
-func (p *Publisher) sync(ctx context.Context, key, reason, id string) {
-	if err := p.bus.Publish(ctx, p.bus.Subjects.Sync(key), events.TypeSyncJob, id, events.SyncJob{Key: key, Reason: reason}); err != nil {
-		p.fail(ctx, key, fmt.Sprintf("publish sync job: %v", err))
 	}
 }
 

@@ -17,6 +17,7 @@ const DefaultPrefix = "mat"
 //	<prefix>.jobs.cleanup.<key>  clean-up jobs of a gone instance (work queue)
 //	<prefix>.jobs.delete.<key>   one delete job per Service (work queue)
 //	<prefix>.errors.<kind>       error events, retained for a bounded time and size
+//	<prefix>.results.<key>       outcome of each sync job, core NATS (not stored), read by the scheduler
 //
 // where <key> is "<namespace>.<name>" (see Key). The zero value uses DefaultPrefix.
 type Subjects struct {
@@ -56,6 +57,13 @@ func (s Subjects) DeleteJobs() string { return s.p() + ".jobs.delete.>" }
 
 // Error is the subject of error events of kind.
 func (s Subjects) Error(kind ErrorKind) string { return s.p() + ".errors." + string(kind) }
+
+// Result is the subject on which workers report the outcome of a sync job
+// of key to the discovery scheduler (core NATS: not stored in any stream).
+func (s Subjects) Result(key string) string { return s.p() + ".results." + key }
+
+// Results matches every result subject.
+func (s Subjects) Results() string { return s.p() + ".results.>" }
 
 // Errors matches every error subject ("mat.errors.>").
 func (s Subjects) Errors() string { return s.p() + ".errors.>" }

@@ -24,6 +24,7 @@ const (
 	TypeCleanupJob       Type = "io.matbus.job.cleanup"       // data: CleanupJob
 	TypeDeleteJob        Type = "io.matbus.job.delete"        // data: DeleteJob
 	TypeError            Type = "io.matbus.error"             // data: Error
+	TypeSyncResult       Type = "io.matbus.sync.result"       // data: SyncResult
 )
 
 // Sentinel errors of Decode and Envelope.Into; callers tell them apart with errors.Is.
@@ -66,11 +67,60 @@ type Instance struct {
 	Version string `json:"version,omitempty"`
 }
 
+// Sync job reasons. A ReasonPoll job may end early when the status is
+// unchanged since the worker's last complete sync of the instance; every
+// other reason is a full resync (fetch, plan, apply).
+const (
+	ReasonPoll     = "poll"     // short-interval poll: skip when unchanged
+	ReasonResync   = "resync"   // periodic full resync (every sync interval)
+	ReasonAppeared = "appeared" // the instance is new or changed
+	ReasonStart    = "start"    // a publisher took the lead
+	ReasonProbe    = "probe"    // an instance out of rotation is tried again
+)
+
 // SyncJob asks one worker to converge the Services of one instance.
 type SyncJob struct {
 	Key string `json:"key"`
-	// Reason is "start", "appeared" or "tick"; informational only.
+	// Reason is one of the Reason* constants ("tick" from older
+	// publishers is a full resync too).
 	Reason string `json:"reason"`
+}
+
+// Full reports whether the job asks for a full resync: any reason but
+// ReasonPoll.
+func (j SyncJob) Full() bool { return j.Reason != ReasonPoll }
+
+// Sync outcomes carried in SyncResult.Outcome.
+const (
+	OutcomeSynced      = "synced"       // fetched, planned and applied; every write succeeded
+	OutcomeUnchanged   = "unchanged"    // poll: status and Services unchanged, nothing planned
+	OutcomeFetchFailed = "fetch-failed" // the status could not be fetched or decoded; nothing changed
+	OutcomeApplyFailed = "apply-failed" // fetched and planned, but some write failed
+	OutcomeSkipped     = "skipped"      // the instance is not present (gone or unknown)
+)
+
+// SyncResult is what a worker reports after each sync job, on
+// Subjects.Result(key) (core NATS). The discovery scheduler uses it to
+// release the instance for its next job and to back off failing instances.
+type SyncResult struct {
+	Key string `json:"key"`
+	// JobID is the envelope id of the sync job.
+	JobID string `json:"job_id"`
+	// Outcome is one of the Outcome* constants.
+	Outcome string `json:"outcome"`
+	// Error is the cause of a failure, "" otherwise.
+	Error string `json:"error,omitempty"`
+	// Transient is true when a failure may go away by itself.
+	Transient bool `json:"transient,omitempty"`
+	// DurationMS is how long the job ran, in milliseconds.
+	DurationMS int64 `json:"duration_ms"`
+	// Worker names the worker that ran the job.
+	Worker string `json:"worker,omitempty"`
+}
+
+// Failed reports whether the outcome is a failure.
+func (r SyncResult) Failed() bool {
+	return r.Outcome == OutcomeFetchFailed || r.Outcome == OutcomeApplyFailed
 }
 
 // CleanupJob asks one worker to fan out delete jobs for every Service of an
@@ -94,6 +144,10 @@ type DeleteJob struct {
 	MatID string `json:"mat_id,omitempty"`
 	// Reason is "stale" (device gone from the status) or "gone" (instance gone).
 	Reason string `json:"reason"`
+	// PlannedAt is when the sync that found the Service stale fetched the
+	// status it planned from (zero for "gone" and for older publishers).
+	// A "stale" delete is re-checked against a status fetched after it.
+	PlannedAt time.Time `json:"planned_at,omitzero"`
 }
 
 // ErrorKind is the last token of an error subject.
@@ -152,7 +206,7 @@ func Decode(body []byte) (Envelope, error) {
 		return Envelope{}, fmt.Errorf("%w: %d (this build reads %d)", ErrUnknownSchema, env.Schema, SchemaVersion)
 	}
 	switch env.Type {
-	case TypeInstanceAppeared, TypeInstanceGone, TypeSyncJob, TypeCleanupJob, TypeDeleteJob, TypeError:
+	case TypeInstanceAppeared, TypeInstanceGone, TypeSyncJob, TypeCleanupJob, TypeDeleteJob, TypeError, TypeSyncResult:
 	case "":
 		return Envelope{}, fmt.Errorf("%w: no type", ErrMalformed)
 	default:
@@ -231,6 +285,7 @@ func ValidateURL(raw string) error {
 }
 
 func (j *SyncJob) validate() error    { return ValidateKey(j.Key) }
+func (r *SyncResult) validate() error { return ValidateKey(r.Key) }
 func (j *CleanupJob) validate() error { return ValidateKey(j.Key) }
 
 func (j *DeleteJob) validate() error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	corev1 "k8s.io/api/core/v1"
@@ -27,80 +28,126 @@ var errNotOurs = errors.New("a Service of that name exists and is not managed by
 // churned it.
 var errOutsideRange = errors.New("outside the service range")
 
-// apply runs creates, updates and recreates with at most Concurrency API
-// writes at once, each retried with its own backoff, then publishes the
-// deletes as delete jobs. Permanent failures are reported at once, one event
-// per Service; the other writes and the deletes still happen, and the job
-// is then terminated (retrying cannot help; the next sync tries again).
-// Transient ones that outlast their backoff are reported together, one
-// event for the job, and make the job ask for redelivery.
-func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
+// apply runs the plan's writes, each retried with its own backoff, with at
+// most Concurrency Kubernetes writes in flight in this worker, then
+// publishes the remaining deletes as delete jobs (planned at plannedAt).
+//
+// Order matters when a BMC IP moves (cluster-ip mode): a Service to delete
+// that holds an IP a create or recreate of this plan needs is deleted
+// first, inline (UID precondition), then the recreates run, then the
+// creates and updates; so a status that frees an IP and gives it to
+// another device converges in one sync instead of failing with "IP already
+// allocated".
+//
+// Permanent failures are reported at once, one event per Service; the other
+// writes and the deletes still happen, and the job then ends as failed
+// (retrying cannot help; the next sync tries again). Transient ones that
+// outlast their backoff are reported together, one event for the job.
+func (w *Worker) apply(ctx context.Context, key string, p plan.Plan, plannedAt time.Time) error {
 	type op struct {
 		kind events.ErrorKind
 		svc  *corev1.Service
 		run  func(ctx context.Context, attempt int) error
 		done func()
 	}
-	var ops []op
+	var (
+		mu        sync.Mutex
+		total     int
+		transient []string
+		permanent []string
+		firstErr  error
+		firstKind events.ErrorKind
+	)
+	runPhase := func(ops []op) {
+		var wg sync.WaitGroup
+		for _, o := range ops {
+			select {
+			case w.writes <- struct{}{}:
+			case <-ctx.Done():
+				wg.Wait()
+				return
+			}
+			total++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-w.writes }()
+				cls, err := w.retry(ctx, key, o.kind, o.svc, o.run)
+				if err == nil {
+					if o.done != nil {
+						o.done()
+					}
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				switch cls {
+				case Transient:
+					if firstErr == nil {
+						firstErr, firstKind = err, o.kind
+					}
+					transient = append(transient, o.svc.Namespace+"/"+o.svc.Name)
+				case Permanent:
+					permanent = append(permanent, o.svc.Namespace+"/"+o.svc.Name+": "+err.Error())
+				}
+			}()
+		}
+		wg.Wait()
+	}
+
+	// Phase 1: deletes that free an IP this plan needs.
+	needed := map[string]bool{}
+	if w.cfg.Plan.IPMode != plan.IPModeExternalIP {
+		for _, s := range p.Create {
+			needed[s.Spec.ClusterIP] = true
+		}
+		for _, u := range p.Recreate {
+			needed[u.New.Spec.ClusterIP] = true
+		}
+	}
+	var first []op
+	later := make([]*corev1.Service, 0, len(p.Delete))
+	for _, s := range p.Delete {
+		if ip := s.Spec.ClusterIP; ip != "" && needed[ip] {
+			first = append(first, op{events.ErrorDelete, s, func(ctx context.Context, _ int) error { return w.deleteOwned(ctx, s) },
+				func() { w.deleted.Add(1) }})
+			continue
+		}
+		later = append(later, s)
+	}
+	runPhase(first)
+
+	// Phase 2: recreates (each frees its old IP before it takes the new one).
+	var recreates []op
+	for _, u := range p.Recreate {
+		recreates = append(recreates, op{events.ErrorCreate, u.New, func(ctx context.Context, _ int) error { return w.recreate(ctx, u.Old, u.New) },
+			func() { w.recreated.Add(1) }})
+	}
+	runPhase(recreates)
+
+	// Phase 3: creates and updates.
+	var rest []op
 	for _, s := range p.Create {
-		ops = append(ops, op{events.ErrorCreate, s, func(ctx context.Context, _ int) error { return w.create(ctx, s) },
-			func() { w.created.Add(1) }})
+		rest = append(rest, op{events.ErrorCreate, s, func(ctx context.Context, _ int) error { return w.create(ctx, s) }, nil})
 	}
 	for _, u := range p.Update {
-		ops = append(ops, op{events.ErrorUpdate, u.New, func(ctx context.Context, attempt int) error {
+		rest = append(rest, op{events.ErrorUpdate, u.New, func(ctx context.Context, attempt int) error {
 			if attempt == 1 {
 				return w.update(ctx, u.New)
 			}
 			return w.reconverge(ctx, u.New)
 		}, func() { w.updated.Add(1) }})
 	}
-	for _, u := range p.Recreate {
-		ops = append(ops, op{events.ErrorCreate, u.New, func(ctx context.Context, _ int) error { return w.recreate(ctx, u.Old, u.New) },
-			func() { w.recreated.Add(1) }})
-	}
+	runPhase(rest)
 
-	var (
-		mu        sync.Mutex
-		transient []string
-		permanent []string
-		firstErr  error
-		firstKind events.ErrorKind
-		wg        sync.WaitGroup
-		sem       = make(chan struct{}, w.cfg.Concurrency)
-	)
-	for _, o := range ops {
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			cls, err := w.retry(ctx, key, o.kind, o.svc, o.run)
-			if err == nil {
-				o.done()
-				return
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			switch cls {
-			case Transient:
-				if firstErr == nil {
-					firstErr, firstKind = err, o.kind
-				}
-				transient = append(transient, o.svc.Namespace+"/"+o.svc.Name)
-			case Permanent:
-				permanent = append(permanent, o.svc.Namespace+"/"+o.svc.Name+": "+err.Error())
-			}
-		}()
-	}
-	wg.Wait()
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if err := w.publishDeletes(ctx, key, p.Delete, "stale", ""); err != nil {
+	if err := w.publishDeletes(ctx, key, later, "stale", "", plannedAt); err != nil {
 		return err
 	}
 	if len(transient) > 0 {
-		w.reportTransient(ctx, key, firstKind, transient, len(ops), firstErr)
+		w.reportTransient(ctx, key, firstKind, transient, total, firstErr)
 		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %w", len(transient), transient[0], firstErr)}
 	}
 	if len(permanent) > 0 {
@@ -110,10 +157,26 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan) error {
 	return nil
 }
 
+// deleteOwned deletes s (an existing Service of the plan) with its UID as
+// precondition; NotFound and a changed UID count as done.
+func (w *Worker) deleteOwned(ctx context.Context, s *corev1.Service) error {
+	uid := s.UID
+	err := w.kube.CoreV1().Services(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err == nil || apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+		if err == nil {
+			w.log.Info("Service deleted to free its IP for another device", "service", s.Namespace+"/"+s.Name, "ip", s.Spec.ClusterIP)
+		}
+		return nil
+	}
+	return err
+}
+
 // allocAttempts bounds the tries of one write refused with "IP already
 // allocated" (a 422 that Classify calls transient). A few quick tries let a
 // swap of BMC IPs within one plan settle; a conflict that outlasts them is
-// held by another Service until someone changes it, so it is reported as
+// held by another Service (e.g. of another instance whose sync has not
+// freed it yet), so the write ends as transient without the whole backoff
+// and the instance's next poll tries again. It is reported as
 // permanent and left to the next sync instead of being retried for
 // RetryMaxElapsed and redelivered (which made every sync job hammer the API
 // server with creates).
@@ -149,8 +212,10 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 			return backoff.Permanent(err)
 		}
 		if apierrors.IsInvalid(err) {
+			// Still transient (the holder may go away: an IP moving between
+			// instances), but not worth the whole backoff: the scheduler
+			// polls the instance again.
 			if allocRefusals++; allocRefusals >= allocAttempts {
-				cls = Permanent
 				return backoff.Permanent(err)
 			}
 		}
@@ -224,17 +289,30 @@ func transientCause(err error) string {
 // AlreadyExists; otherwise the IP really belongs to another Service and the
 // error is returned (and classified) as it is.
 func (w *Worker) create(ctx context.Context, want *corev1.Service) error {
+	created, err := w.createOrConverge(ctx, want)
+	if created {
+		w.created.Add(1)
+	}
+	return err
+}
+
+// createOrConverge is create without the counter; created is true only
+// when this call's Create succeeded.
+func (w *Worker) createOrConverge(ctx context.Context, want *corev1.Service) (created bool, err error) {
 	svcs := w.kube.CoreV1().Services(want.Namespace)
-	_, err := svcs.Create(ctx, want, metav1.CreateOptions{FieldManager: "matbus"})
+	_, err = svcs.Create(ctx, want, metav1.CreateOptions{FieldManager: "matbus"})
+	if err == nil {
+		return true, nil
+	}
 	if apierrors.IsAlreadyExists(err) {
-		return w.reconverge(ctx, want)
+		return false, w.reconverge(ctx, want)
 	}
 	if apierrors.IsInvalid(err) {
 		if _, gerr := svcs.Get(ctx, want.Name, metav1.GetOptions{}); gerr == nil {
-			return w.reconverge(ctx, want)
+			return false, w.reconverge(ctx, want)
 		}
 	}
-	return err
+	return false, err
 }
 
 func (w *Worker) update(ctx context.Context, next *corev1.Service) error {
@@ -251,6 +329,9 @@ func (w *Worker) reconverge(ctx context.Context, want *corev1.Service) error {
 	cur, err := w.kube.CoreV1().Services(want.Namespace).Get(ctx, want.Name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		_, err = w.kube.CoreV1().Services(want.Namespace).Create(ctx, stripIdentity(want), metav1.CreateOptions{FieldManager: "matbus"})
+		if err == nil {
+			w.created.Add(1)
+		}
 		return err
 	}
 	if err != nil {
@@ -293,7 +374,7 @@ func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error 
 		return err
 	}
 	// create converges a Service that another worker created meanwhile.
-	if err = w.create(ctx, stripIdentity(want)); err == nil {
+	if _, err = w.createOrConverge(ctx, stripIdentity(want)); err == nil {
 		return nil
 	}
 	if cls, _ := w.cfg.Classifier.Classify(ctx, err, want); cls == Permanent {

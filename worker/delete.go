@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -30,33 +31,67 @@ func (w *Worker) handleDelete(ctx context.Context, env events.Envelope, subject 
 
 // Delete deletes the Service of job, with job.UID as precondition, so a
 // Service re-created under the same name stays. It deletes nothing that is
-// not managed by matbus or belongs to another instance, and nothing of an
-// instance that is present again when the job's reason is "gone". NotFound
-// and a failed UID precondition count as done. Transient errors are retried
-// with backoff under ctx; if they outlast it, the job asks for redelivery.
-// Every failure is published to <prefix>.errors.delete: a permanent one per
-// Service, transient ones per instance (rate-limited together).
+// not managed by matbus or belongs to another instance, nothing of an
+// instance that is present again when the job's reason is "gone", and —
+// for a "stale" job — nothing that the instance's newest status still
+// wants: the job is re-checked against a status fetched after the job was
+// planned (shared by the delete jobs of one instance for up to a second),
+// so a delete that waited (API errors, redelivery) while its device came
+// back, or a stale job carrying the current UID, leaves the Service
+// alone. If that status cannot be fetched, nothing is deleted and the job
+// is retried. NotFound and a failed UID precondition count as done.
+// Transient errors are retried with backoff under ctx; if they outlast
+// it, the job asks for redelivery. Every failure is published to
+// <prefix>.errors.delete: a permanent one per Service, transient ones per
+// instance (rate-limited together).
 func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	log := w.log.With("instance", job.Key, "service", job.Namespace+"/"+job.Name)
-	if job.Reason == "gone" {
-		rec, found, err := w.bus.LastInstance(ctx, job.Key)
-		if err != nil && !isEventErr(err) {
+	rec, found, err := w.bus.LastInstance(ctx, job.Key)
+	if err != nil && !isEventErr(err) {
+		return &jobError{Retry: true, Err: err}
+	}
+	present := found && rec.Present()
+	switch {
+	case job.Reason == "gone" && present:
+		log.Info("delete skipped: instance is present again")
+		return nil
+	case job.Reason != "gone" && present:
+		set, err := w.currentDesired(ctx, rec.Instance, job.PlannedAt)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Canceled
+			}
+			log.Info("delete held: the newest status cannot be read", "error", err)
 			return &jobError{Retry: true, Err: err}
 		}
-		if found && rec.Present() {
-			log.Info("delete skipped: instance is present again")
+		if why := set.keeps(job); why != "" {
+			w.kept.Add(1)
+			log.Info("delete skipped: "+why, "mat_id", job.MatID)
 			return nil
 		}
 	}
 	svcs := w.kube.CoreV1().Services(job.Namespace)
 	var deleted bool
-	cls, err := w.retry(ctx, job.Key, events.ErrorDelete, svcOf(job), func(ctx context.Context, _ int) error {
-		cur, err := svcs.Get(ctx, job.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil
+	cls, err := w.retry(ctx, job.Key, events.ErrorDelete, svcOf(job), func(ctx context.Context, attempt int) error {
+		// The informer's copy saves a GET; its resourceVersion joins the
+		// precondition, so a Service changed since (labels, owner) is
+		// read again from the API before it is deleted.
+		var cur *corev1.Service
+		if attempt == 1 && w.services != nil {
+			if c, err := w.services.Services(job.Namespace).Get(job.Name); err == nil && string(c.UID) == job.UID {
+				cur = c
+			}
 		}
-		if err != nil {
-			return err
+		precise := cur != nil
+		if cur == nil {
+			c, err := svcs.Get(ctx, job.Name, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			cur = c
 		}
 		switch {
 		case string(cur.UID) != job.UID:
@@ -69,13 +104,21 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 			log.Warn("delete skipped: Service belongs to another instance", "instance_label", cur.Labels[plan.LabelInstance])
 			return nil
 		}
-		uid := cur.UID
-		err = svcs.Delete(ctx, job.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		pre := &metav1.Preconditions{UID: &cur.UID}
+		if precise {
+			rv := cur.ResourceVersion
+			pre.ResourceVersion = &rv
+		}
+		err := svcs.Delete(ctx, job.Name, metav1.DeleteOptions{Preconditions: pre})
 		switch {
 		case err == nil:
 			deleted = true
 			return nil
-		case apierrors.IsNotFound(err), apierrors.IsConflict(err):
+		case apierrors.IsNotFound(err):
+			return nil
+		case apierrors.IsConflict(err) && precise:
+			return errChangedSinceCached // read it again from the API
+		case apierrors.IsConflict(err):
 			return nil
 		}
 		return err
@@ -95,6 +138,10 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	}
 	return &jobError{Retry: cls == Transient, Reported: true, Err: fmt.Errorf("delete %s/%s: %w", job.Namespace, job.Name, err)}
 }
+
+// errChangedSinceCached makes retry try a delete again, reading the
+// Service from the API: it changed since the informer's copy.
+var errChangedSinceCached = errors.New("the Service changed since the cached copy")
 
 func svcOf(job events.DeleteJob) *corev1.Service {
 	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: job.Namespace, Name: job.Name,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -20,7 +21,13 @@ import (
 	"github.com/matbus/matbus/plan"
 )
 
-// handleSync dispatches sync and clean-up jobs.
+// handleSync dispatches sync and clean-up jobs. A sync job is always
+// acknowledged once it ran (or terminated when malformed) and its outcome
+// is published on the instance's result subject: retrying a failed sync is
+// the discovery scheduler's decision (per-instance backoff), not
+// JetStream's, so a failing instance never holds more than the one job
+// the scheduler gave it. Only a job cut short by shutdown is left for
+// redelivery.
 func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject string) error {
 	switch env.Type {
 	case events.TypeSyncJob:
@@ -32,13 +39,27 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 			w.rejectEvent(ctx, subject, err)
 			return &jobError{Err: err, Reported: true}
 		}
-		err = w.Sync(ctx, job.Key)
-		// A sync whose writes failed permanently has done all it can: it
-		// counts as completed, and (terminated) as failed.
-		if je := (*jobError)(nil); err == nil || errors.As(err, &je) && !je.Retry {
+		start := time.Now()
+		res, err := w.syncJob(ctx, job)
+		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+			return context.Canceled
+		}
+		res.Key, res.JobID, res.Worker = job.Key, env.ID, w.cfg.Name
+		res.DurationMS = time.Since(start).Milliseconds()
+		if err != nil && res.Error == "" {
+			res.Error = err.Error()
+		}
+		switch res.Outcome {
+		case events.OutcomeSynced, events.OutcomeUnchanged, events.OutcomeApplyFailed:
 			w.syncs.Add(1)
 		}
-		return err
+		if res.Outcome == events.OutcomeApplyFailed {
+			w.failed.Add(1)
+		}
+		if perr := w.bus.PublishResult(env.ID+":result", res); perr != nil {
+			w.log.Warn("sync result not published; the scheduler releases the instance at its deadline", "instance", job.Key, "error", perr)
+		}
+		return nil
 	case events.TypeCleanupJob:
 		job, err := events.Into[events.CleanupJob](env, events.TypeCleanupJob)
 		if err == nil {
@@ -60,26 +81,46 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 	}
 }
 
-// Sync converges the Services of instance key: it reads the instance's
-// current record from the instances stream (a gone or unknown instance is
-// skipped), fetches its status through the cached client, plans, applies
-// creates, updates and recreates, and publishes one delete job per Service
-// that is no longer wanted. A failed or invalid fetch is reported to
-// <prefix>.errors.fetch and changes nothing. It returns a *jobError asking
-// for redelivery when some write failed transiently.
+// Sync runs a full sync of instance key (see syncJob) and returns nil
+// when every write succeeded, or the failure.
 func (w *Worker) Sync(ctx context.Context, key string) error {
+	res, err := w.syncJob(ctx, events.SyncJob{Key: key, Reason: events.ReasonResync})
+	if err != nil {
+		return err
+	}
+	if res.Failed() {
+		return &jobError{Retry: res.Transient, Reported: true, Err: errors.New(res.Error)}
+	}
+	return nil
+}
+
+// syncJob converges the Services of instance job.Key: it reads the
+// instance's current record from the instances stream (a gone or unknown
+// instance is skipped), fetches its status once through the cached client
+// (failures are the scheduler's to retry), and, unless a poll finds the
+// status and the instance's Services unchanged since this worker's last
+// complete sync, takes an apply slot, plans, applies creates, updates and
+// recreates, and publishes one delete job per Service that is no longer
+// wanted. A failed or invalid fetch is reported to <prefix>.errors.fetch
+// and changes nothing. It returns the outcome, and an error only when ctx
+// ended.
+func (w *Worker) syncJob(ctx context.Context, job events.SyncJob) (events.SyncResult, error) {
+	key := job.Key
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	if err != nil {
 		if isEventErr(err) {
 			w.report.Report(ctx, events.Error{Kind: events.ErrorEvent, Instance: key, Subject: w.bus.Subjects.Instance(key),
 				Message: fmt.Sprintf("stored instance record is unreadable: %v", err), Permanent: true})
-			return nil
+			return events.SyncResult{Outcome: events.OutcomeSkipped, Error: err.Error()}, nil
 		}
-		return &jobError{Retry: true, Err: err}
+		if ctx.Err() != nil {
+			return events.SyncResult{}, ctx.Err()
+		}
+		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
 	}
 	if !found || !rec.Present() {
 		w.log.Debug("sync skipped: instance not present", "instance", key)
-		return nil
+		return events.SyncResult{Outcome: events.OutcomeSkipped}, nil
 	}
 	inst := rec.Instance
 	log := w.log.With("instance", key, "url", inst.URL)
@@ -87,61 +128,117 @@ func (w *Worker) Sync(ctx context.Context, key string) error {
 	if err != nil {
 		w.report.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: key, URL: inst.URL,
 			Message: err.Error(), Permanent: true})
-		return nil
-	}
-	st, attempts, err := w.fetch(ctx, client)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		// No deletes: the instance's Services stay as they are.
-		w.report.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: key, URL: inst.URL,
-			Message:   fmt.Sprintf("status fetch failed, no Service changed: %v", err),
-			Permanent: !matclient.IsTransient(err), Attempts: attempts})
-		return nil
+		return events.SyncResult{Outcome: events.OutcomeFetchFailed, Error: err.Error()}, nil
 	}
 
-	owner := w.owner(ctx, inst)
+	// The change count is read before the fetch: a Service event that
+	// comes during the sync makes the next poll plan again.
+	changes := w.memo.changeCount(key)
+	prev := ""
+	if !job.Full() {
+		prev = w.memo.fingerprint(key)
+	}
+	fetchedAt := time.Now()
+	st, fp, err := fetchStatus(ctx, client, prev)
+	if err != nil {
+		if ctx.Err() != nil {
+			return events.SyncResult{}, ctx.Err()
+		}
+		// No deletes: the instance's Services stay as they are.
+		transient := matclient.IsTransient(err)
+		w.report.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: key, URL: inst.URL,
+			Message: fmt.Sprintf("status fetch failed, no Service changed: %v", err), Permanent: !transient, Attempts: 1})
+		return events.SyncResult{Outcome: events.OutcomeFetchFailed, Transient: transient, Error: err.Error()}, nil
+	}
+	if st == nil && w.memo.unchanged(key, fp) {
+		w.unchanged.Add(1)
+		return events.SyncResult{Outcome: events.OutcomeUnchanged}, nil
+	}
+	if st == nil {
+		// A Service changed since the fingerprint was taken: plan from a
+		// full fetch.
+		if st, fp, err = fetchStatus(ctx, client, ""); err != nil {
+			if ctx.Err() != nil {
+				return events.SyncResult{}, ctx.Err()
+			}
+			return events.SyncResult{Outcome: events.OutcomeFetchFailed, Transient: matclient.IsTransient(err), Error: err.Error()}, nil
+		}
+	}
+
+	select {
+	case w.applySlots <- struct{}{}:
+	case <-ctx.Done():
+		return events.SyncResult{}, ctx.Err()
+	}
+	defer func() { <-w.applySlots }()
+
+	owner := w.owner(ctx, inst, job.Full() && job.Reason != events.ReasonResync && job.Reason != events.ReasonProbe)
 	desired := plan.Build(plan.Instance{Key: key, PodName: inst.PodName, Owner: owner}, st, w.cfg.Plan)
-	for _, h := range desired.Held {
+	w.desired.put(key, desiredOf(desired, fetchedAt))
+	w.reportPlanFindings(ctx, key, desired)
+	existing, err := w.existing(key)
+	if err != nil {
+		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
+	}
+	p := plan.Diff(desired, existing, w.cfg.Plan)
+	w.reportSkipped(ctx, key, p)
+	if !p.Empty() {
+		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate), "delete", len(p.Delete))
+	}
+	err = w.apply(ctx, key, p, fetchedAt)
+	var je *jobError
+	switch {
+	case err == nil:
+		w.memo.completed(key, fp, changes)
+		return events.SyncResult{Outcome: events.OutcomeSynced}, nil
+	case ctx.Err() != nil || errors.Is(err, context.Canceled):
+		return events.SyncResult{}, context.Canceled
+	case errors.As(err, &je) && !je.Retry:
+		// Permanent refusals were reported per Service; retrying them on
+		// every poll only loads the API server: the next full resync (or
+		// a change) tries again.
+		w.memo.completed(key, fp, changes)
+		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Error: err.Error()}, nil
+	default:
+		w.memo.invalidate(key)
+		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
+	}
+}
+
+// fingerprinter is implemented by clients that can tell an unchanged
+// status without decoding it (*matclient.Client).
+type fingerprinter interface {
+	StatusIfChanged(ctx context.Context, prev string) (*matclient.Status, string, error)
+}
+
+// fetchStatus fetches the status once. With a client that fingerprints,
+// it returns (nil, prev, nil) when the status is unchanged since prev;
+// other clients always return the decoded status and fingerprint "".
+func fetchStatus(ctx context.Context, c StatusClient, prev string) (*matclient.Status, string, error) {
+	if f, ok := c.(fingerprinter); ok {
+		return f.StatusIfChanged(ctx, prev)
+	}
+	st, err := c.Status(ctx)
+	return st, "", err
+}
+
+// reportPlanFindings publishes the devices the plan holds back (except
+// those still waiting for a BMC IP) as error events of kind "plan", and
+// each warning (e.g. a merged duplicate endpoint) once per worker.
+func (w *Worker) reportPlanFindings(ctx context.Context, key string, d plan.Desired) {
+	for _, h := range d.Held {
 		if h.Reason == plan.HoldNoBMCIP {
 			continue
 		}
 		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: h.MatID,
 			Service: w.cfg.Plan.Namespace + "/" + h.Name, Message: fmt.Sprintf("%s: %s", h.Reason, h.Detail), Permanent: true})
 	}
-	existing, err := w.existing(key)
-	if err != nil {
-		return &jobError{Retry: true, Err: err}
-	}
-	p := plan.Diff(desired, existing, w.cfg.Plan)
-	if !p.Empty() {
-		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate), "delete", len(p.Delete))
-	}
-	return w.apply(ctx, key, p)
+	w.reportWarnings(ctx, key, d)
 }
 
 func isEventErr(err error) bool {
 	return errors.Is(err, events.ErrMalformed) || errors.Is(err, events.ErrUnknownSchema) ||
 		errors.Is(err, events.ErrUnknownType) || errors.Is(err, events.ErrWrongType)
-}
-
-// fetch gets the status, retrying transient failures with backoff for at
-// most min(RetryMaxElapsed, 15 s).
-func (w *Worker) fetch(ctx context.Context, c StatusClient) (*matclient.Status, int, error) {
-	bo := w.newBackoff(min(w.cfg.RetryMaxElapsed, 15*time.Second))
-	var st *matclient.Status
-	attempts := 0
-	err := backoff.Retry(func() error {
-		attempts++
-		var err error
-		st, err = c.Status(ctx)
-		if err != nil && (!matclient.IsTransient(err) || ctx.Err() != nil) {
-			return backoff.Permanent(err)
-		}
-		return err
-	}, backoff.WithContext(bo, ctx))
-	return st, attempts, err
 }
 
 func (w *Worker) newBackoff(maxElapsed time.Duration) *backoff.ExponentialBackOff {
@@ -152,10 +249,14 @@ func (w *Worker) newBackoff(maxElapsed time.Duration) *backoff.ExponentialBackOf
 }
 
 // owner returns the owner reference to the instance's MAT Deployment, or
-// nil when it has none, does not exist, or cannot be read (reported).
-func (w *Worker) owner(ctx context.Context, inst events.Instance) *metav1.OwnerReference {
+// nil when it has none, does not exist, or cannot be read (reported). The
+// answer is cached for OwnerTTL; refresh reads it again regardless.
+func (w *Worker) owner(ctx context.Context, inst events.Instance, refresh bool) *metav1.OwnerReference {
 	if inst.Owner == "" {
 		return nil
+	}
+	if ref, ok := w.memo.owner(inst.Key, inst.Owner, w.cfg.OwnerTTL); ok && !refresh {
+		return ref
 	}
 	ns, _, err := events.SplitKey(inst.Key)
 	if err != nil {
@@ -167,10 +268,14 @@ func (w *Worker) owner(ctx context.Context, inst events.Instance) *metav1.OwnerR
 			_, msg := w.cfg.Classifier.Classify(ctx, err, nil)
 			w.report.Report(ctx, events.Error{Kind: events.ErrorUpdate, Instance: inst.Key,
 				Message: "owner Deployment not readable, Services get no owner reference: " + msg})
+			return nil // not cached: read again next time
 		}
+		w.memo.setOwner(inst.Key, inst.Owner, nil)
 		return nil
 	}
-	return &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID}
+	ref := &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID}
+	w.memo.setOwner(inst.Key, inst.Owner, ref)
+	return ref
 }
 
 // existing lists, from the informer cache, the Services of instance key plus
@@ -250,26 +355,43 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 	if jobID != "" {
 		suffix = "@" + jobID
 	}
-	return w.publishDeletes(ctx, key, del, "gone", suffix)
+	w.memo.forget(key)
+	return w.publishDeletes(ctx, key, del, "gone", suffix, time.Time{})
 }
 
 // publishDeletes publishes one delete job per Service with Nats-Msg-Id
-// "del-<uid><idSuffix>".
-func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason, idSuffix string) error {
-	var errs []string
+// "del-<uid><idSuffix>", up to 16 at once. plannedAt is when the status
+// the deletes were planned from was fetched (zero for clean-ups).
+func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason, idSuffix string, plannedAt time.Time) error {
+	var (
+		mu   sync.Mutex
+		errs []string
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, 16)
+	)
 	for _, s := range svcs {
 		job := events.DeleteJob{Key: key, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID),
-			MatID: s.Annotations[plan.AnnotationMatID], Reason: reason}
-		if err := w.bus.Publish(ctx, w.bus.Subjects.Delete(key), events.TypeDeleteJob, "del-"+string(s.UID)+idSuffix, job); err != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", s.Name, err))
-			continue
-		}
-		w.deleteJobs.Add(1)
+			MatID: s.Annotations[plan.AnnotationMatID], Reason: reason, PlannedAt: plannedAt}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if err := w.bus.Publish(ctx, w.bus.Subjects.Delete(key), events.TypeDeleteJob, "del-"+string(s.UID)+idSuffix, job); err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Sprintf("%s: %v", s.Name, err))
+				mu.Unlock()
+				return
+			}
+			w.deleteJobs.Add(1)
+		}()
 	}
+	wg.Wait()
 	if len(errs) > 0 {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		sort.Strings(errs)
 		return &jobError{Retry: true, Err: fmt.Errorf("publish delete jobs: %s", strings.Join(errs, "; "))}
 	}
 	return nil

@@ -27,12 +27,25 @@ type Config struct {
 	// Plan holds the Service shape options; Plan.Namespace is where
 	// Services are created and watched.
 	Plan plan.Options
-	// Jobs is how many jobs of each consumer one worker handles at once; default 4.
+	// Jobs is how many sync jobs one worker plans and applies at once;
+	// default 4. A job waiting for its MAT status holds no such slot (see
+	// Fetches), so instances that hang cannot keep others from being applied.
 	Jobs int
-	// Concurrency bounds parallel API writes within one sync job; default 8.
+	// Fetches is how many sync jobs one worker takes from the sync
+	// consumer at once, most of them waiting on MAT or finding the status
+	// unchanged; default 32.
+	Fetches int
+	// DeleteJobs is how many delete jobs one worker runs at once; default 32.
+	DeleteJobs int
+	// Concurrency bounds the Kubernetes writes in flight in this worker,
+	// over all its jobs; default 32.
 	Concurrency int
-	// RetryMaxElapsed bounds the backoff of one API operation or fetch; default 60 s.
+	// RetryMaxElapsed bounds the backoff of one API operation; default 60 s.
 	RetryMaxElapsed time.Duration
+	// OwnerTTL is how long the owner reference of an instance (one
+	// Deployment GET) is reused; default 10 min. An appeared or start job
+	// reads it again.
+	OwnerTTL time.Duration
 	// ShutdownGrace is how long in-flight jobs may run after shutdown
 	// begins; unfinished ones are left for redelivery. Default 10 s.
 	ShutdownGrace time.Duration
@@ -52,8 +65,20 @@ func (c Config) withDefaults() Config {
 	if c.Jobs <= 0 {
 		c.Jobs = 4
 	}
+	if c.Fetches <= 0 {
+		c.Fetches = 32
+	}
+	if c.Fetches < c.Jobs {
+		c.Fetches = c.Jobs
+	}
+	if c.DeleteJobs <= 0 {
+		c.DeleteJobs = 32
+	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 8
+		c.Concurrency = 32
+	}
+	if c.OwnerTTL <= 0 {
+		c.OwnerTTL = 10 * time.Minute
 	}
 	if c.RetryMaxElapsed <= 0 {
 		c.RetryMaxElapsed = time.Minute
@@ -70,8 +95,10 @@ func (c Config) withDefaults() Config {
 // Stats counts what a worker did since start.
 type Stats struct {
 	Syncs, Cleanups                      int64 // jobs completed
+	Unchanged                            int64 // poll jobs that found status and Services unchanged
 	Created, Updated, Recreated, Deleted int64 // Service writes that succeeded
 	DeleteJobs                           int64 // delete jobs published
+	DeletesKept                          int64 // delete jobs not run: the newest status still wants the Service
 	Failed                               int64 // jobs that ended in an error event
 }
 
@@ -87,7 +114,13 @@ type Worker struct {
 	services corelisters.ServiceLister
 	ready    atomic.Bool
 
-	syncs, cleanups, created, updated, recreated, deleted, deleteJobs, failed atomic.Int64
+	applySlots chan struct{} // Jobs
+	writes     chan struct{} // Concurrency
+	memo       *memo
+	desired    *desiredCache
+	warned     sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
+
+	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }
 
 // New returns a Worker. factory makes MAT clients on cache misses
@@ -103,7 +136,9 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	if report == nil {
 		report = events.NewReporter(bus, log, cfg.Name, 0)
 	}
-	w := &Worker{cfg: cfg, bus: bus, kube: kube, report: report, log: log}
+	w := &Worker{cfg: cfg, bus: bus, kube: kube, report: report, log: log,
+		applySlots: make(chan struct{}, cfg.Jobs), writes: make(chan struct{}, cfg.Concurrency),
+		memo: newMemo(), desired: newDesiredCache()}
 	w.cache = NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })
 	return w, nil
 }
@@ -116,9 +151,9 @@ func (w *Worker) Ready() bool { return w.ready.Load() }
 
 // Stats returns the counters.
 func (w *Worker) Stats() Stats {
-	return Stats{Syncs: w.syncs.Load(), Cleanups: w.cleanups.Load(), Created: w.created.Load(),
-		Updated: w.updated.Load(), Recreated: w.recreated.Load(), Deleted: w.deleted.Load(),
-		DeleteJobs: w.deleteJobs.Load(), Failed: w.failed.Load()}
+	return Stats{Syncs: w.syncs.Load(), Cleanups: w.cleanups.Load(), Unchanged: w.unchanged.Load(),
+		Created: w.created.Load(), Updated: w.updated.Load(), Recreated: w.recreated.Load(), Deleted: w.deleted.Load(),
+		DeleteJobs: w.deleteJobs.Load(), DeletesKept: w.kept.Load(), Failed: w.failed.Load()}
 }
 
 // Run starts the Service informer and the three consumers and blocks until
@@ -131,7 +166,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.LabelSelector = labels.Set{plan.LabelManagedBy: w.managedBy()}.String()
 		}))
-	w.services = factory.Core().V1().Services().Lister()
+	inf := factory.Core().V1().Services()
+	w.services = inf.Lister()
+	if _, err := inf.Informer().AddEventHandler(w.memo.handler()); err != nil {
+		return fmt.Errorf("worker: Service event handler: %w", err)
+	}
 	informerCtx, stopInformers := context.WithCancel(context.WithoutCancel(ctx))
 	factory.Start(informerCtx.Done())
 	defer func() {
@@ -175,10 +214,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); w.runInstances(ctx) }()
-	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.SyncConsumer, w.handleSync) }()
-	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.DeleteConsumer, w.handleDelete) }()
+	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.SyncConsumer, w.cfg.Fetches, w.handleSync) }()
+	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.DeleteConsumer, w.cfg.DeleteJobs, w.handleDelete) }()
 	w.ready.Store(true)
-	w.log.Info("worker running", "worker", w.cfg.Name, "namespace", w.cfg.Plan.Namespace, "jobs", w.cfg.Jobs)
+	w.log.Info("worker running", "worker", w.cfg.Name, "namespace", w.cfg.Plan.Namespace,
+		"jobs", w.cfg.Jobs, "fetches", w.cfg.Fetches, "delete_jobs", w.cfg.DeleteJobs, "concurrency", w.cfg.Concurrency)
 	wg.Wait()
 	w.ready.Store(false)
 	w.cache.Close(hard)
@@ -197,20 +237,29 @@ func (w *Worker) managedBy() string {
 // is done (ack), or an error: a *jobError says whether to retry.
 type jobHandler func(ctx context.Context, env events.Envelope, subject string) error
 
+// Pull timing of the job consumers: a pull request waits at most
+// pullWait for messages, and the server sends heartbeats every
+// pullHeartbeat (a missing one means the server or consumer is gone).
+const (
+	pullWait      = 10 * time.Second
+	pullHeartbeat = 2 * time.Second
+)
+
 // runJobs consumes one durable pull consumer until ctx ends, re-creating the
 // consumer (and its stream) whenever it is lost: deleted, stream
 // re-created, or heartbeats missing after a server restart.
 //
-// It pulls only as many messages as it has free job slots (Jobs): a message
+// It keeps exactly `slots` messages either running or requested: whenever
+// slots free up it sends a new pull request for just that many, without
+// waiting for earlier requests to fill or expire, so a job that ends frees
+// its slot for the next message at once (pull requests overlap). A message
 // is never held in a client-side buffer behind slow jobs, where AckWait
-// would run out without progress and JetStream would redeliver it (and
-// after MaxDeliver drop it without an error event). On the sync consumer a
-// subjectGate lets at most one job per instance run at a time here, so an
-// instance whose jobs are slow (MAT hangs) or keep failing cannot fill every
-// slot with its own tick after tick.
-func (w *Worker) runJobs(ctx, hard context.Context, consumer string, h jobHandler) {
+// would run out without progress and JetStream would redeliver it. On the
+// sync consumer a subjectGate lets at most one job per instance run at a
+// time here.
+func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, h jobHandler) {
 	log := w.log.With("consumer", consumer)
-	slots := make(chan struct{}, w.cfg.Jobs)
+	sem := make(chan struct{}, slots)
 	var gate *subjectGate
 	if consumer == events.SyncConsumer {
 		gate = newSubjectGate(w.bus.Config().AckWait / 3)
@@ -220,8 +269,37 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, h jobHandle
 	defer inflight.Wait()
 	free := func(n int) {
 		for range n {
-			<-slots
+			<-sem
 		}
+	}
+	dispatch := func(msg jetstream.Msg) {
+		if ctx.Err() != nil {
+			_ = msg.Nak()
+			free(1)
+			return
+		}
+		if gate != nil && !gate.admit(msg) {
+			free(1) // held until its instance's running job ends
+			return
+		}
+		inflight.Add(1)
+		go func() {
+			defer inflight.Done()
+			defer free(1)
+			w.runJob(hard, msg, h)
+			if gate == nil {
+				return
+			}
+			// Then the jobs of this instance that arrived meanwhile (at
+			// most one waits); at shutdown they are left for redelivery.
+			for next := gate.done(msg.Subject()); next != nil; next = gate.done(msg.Subject()) {
+				if ctx.Err() != nil {
+					_ = next.Nak()
+					continue
+				}
+				w.runJob(hard, next, h)
+			}
+		}()
 	}
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
@@ -244,73 +322,72 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, h jobHandle
 			continue
 		}
 		delay = 100 * time.Millisecond
-		for ctx.Err() == nil {
-			// Wait for one free slot, then take every other free one.
+		w.pull(ctx, log, cons, sem, slots, dispatch)
+	}
+}
+
+// pull sends pull requests on cons for free slots of sem until ctx ends or
+// a request fails (the consumer is then re-attached by the caller).
+func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots int,
+	dispatch func(jetstream.Msg)) {
+	actx, cancel := context.WithCancel(ctx)
+	broken := make(chan error, 1)
+	var batches sync.WaitGroup
+	defer func() {
+		cancel() // ends the open pull requests
+		batches.Wait()
+	}()
+	for {
+		select {
+		case sem <- struct{}{}:
+		case err := <-broken:
+			log.Warn("consumer interrupted, re-attaching", "error", err)
+			return
+		case <-actx.Done():
+			return
+		}
+		n := 1
+	take:
+		for n < slots {
 			select {
-			case slots <- struct{}{}:
-			case <-ctx.Done():
-				return
+			case sem <- struct{}{}:
+				n++
+			default:
+				break take
 			}
-			n := 1
-		take:
-			for n < w.cfg.Jobs {
-				select {
-				case slots <- struct{}{}:
-					n++
-				default:
-					break take
-				}
+		}
+		fctx, fcancel := context.WithTimeout(actx, pullWait)
+		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchHeartbeat(pullHeartbeat))
+		if err != nil {
+			fcancel()
+			for range n {
+				<-sem
 			}
-			fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchHeartbeat(2*time.Second))
-			if err != nil {
-				cancel()
-				free(n)
-				if ctx.Err() == nil {
-					log.Warn("pull failed, re-attaching", "error", err)
-					sleep(ctx, delay)
-				}
-				break
+			if ctx.Err() == nil {
+				log.Warn("pull failed, re-attaching", "error", err)
+				sleep(ctx, 100*time.Millisecond)
 			}
+			return
+		}
+		batches.Add(1)
+		go func() {
+			defer batches.Done()
+			defer fcancel()
 			got := 0
 			for msg := range batch.Messages() {
 				got++
-				if ctx.Err() != nil {
-					_ = msg.Nak()
-					free(1)
-					continue
-				}
-				if gate != nil && !gate.admit(msg) {
-					free(1) // held until its instance's running job ends
-					continue
-				}
-				inflight.Add(1)
-				go func() {
-					defer inflight.Done()
-					defer free(1)
-					w.runJob(hard, msg, h)
-					if gate == nil {
-						return
-					}
-					// Then the jobs of this instance that arrived meanwhile
-					// (at most one waits); at shutdown they are left for
-					// redelivery.
-					for next := gate.done(msg.Subject()); next != nil; next = gate.done(msg.Subject()) {
-						if ctx.Err() != nil {
-							_ = next.Nak()
-							continue
-						}
-						w.runJob(hard, next, h)
-					}
-				}()
+				dispatch(msg)
 			}
-			cancel()
-			free(n - got)
-			if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-				log.Warn("consumer interrupted, re-attaching", "error", err)
-				break
+			for range n - got {
+				<-sem
 			}
-		}
+			if err := batch.Error(); err != nil && actx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
+				select {
+				case broken <- err:
+				default:
+				}
+			}
+		}()
 	}
 }
 

@@ -1,0 +1,434 @@
+package discovery
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/matbus/matbus/events"
+)
+
+// SchedulerConfig tunes a Scheduler. Zero values mean the defaults.
+type SchedulerConfig struct {
+	// PollInterval is how often each instance's status is polled; an
+	// unchanged status costs one GET and no Kubernetes request. Default 1 s.
+	PollInterval time.Duration
+	// SyncInterval is how often each instance gets a full resync (plan and
+	// apply even when the status looks unchanged). Default 30 s.
+	SyncInterval time.Duration
+	// FailuresBeforeBackoff is how many consecutive failed fetches take an
+	// instance out of rotation; default 3.
+	FailuresBeforeBackoff int
+	// ProbeMaxInterval caps the growing interval at which an instance out of
+	// rotation is probed; default 2 min.
+	ProbeMaxInterval time.Duration
+	// InflightTimeout is how long a job may go without a result before the
+	// instance is released for another job (a lost result, a worker that
+	// died on the job's last delivery); default 3 min.
+	InflightTimeout time.Duration
+}
+
+func (c SchedulerConfig) withDefaults() SchedulerConfig {
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Second
+	}
+	if c.SyncInterval <= 0 {
+		c.SyncInterval = 30 * time.Second
+	}
+	if c.PollInterval > c.SyncInterval {
+		c.PollInterval = c.SyncInterval
+	}
+	if c.FailuresBeforeBackoff <= 0 {
+		c.FailuresBeforeBackoff = 3
+	}
+	if c.ProbeMaxInterval <= 0 {
+		c.ProbeMaxInterval = 2 * time.Minute
+	}
+	if c.InflightTimeout <= 0 {
+		c.InflightTimeout = 3 * time.Minute
+	}
+	return c
+}
+
+// SchedulerStats is a snapshot of a Scheduler.
+type SchedulerStats struct {
+	Instances     int // instances scheduled
+	InFlight      int // instances with a job out
+	OutOfRotation int // instances probed at a backoff interval after failed fetches
+	Overdue       int // instances whose last good sync is older than SyncInterval + PollInterval
+	// Dispatched counts sync jobs published, by reason (poll, resync, appeared, start, probe).
+	Dispatched map[string]int64
+	// Results counts sync results received, by outcome.
+	Results map[string]int64
+	// Missed counts instances that fell behind their interval, by cause
+	// ("capacity": jobs did not finish in time; "backoff": out of rotation).
+	Missed map[string]int64
+	// LastDispatch is when a job was last published.
+	LastDispatch time.Time
+}
+
+// Scheduler hands out sync jobs, one instance at a time: it is a work
+// queue of instance keys with the semantics of client-go's (a key is
+// never out twice, and a key that becomes due while its job runs waits
+// for the job's result), spread over the sync stream. Each instance is
+// polled every PollInterval and fully resynced every SyncInterval; due
+// instances are published in order of due time, ties broken at random,
+// never by name. Results come back from workers on
+// <prefix>.results.<key>. Repeated fetch failures take an instance out
+// of rotation (an error event), after which it is probed at a growing,
+// capped interval until a fetch succeeds (another error event says it
+// recovered). An instance whose last good sync is older than
+// SyncInterval + PollInterval is counted and logged as overdue.
+//
+// It is safe for concurrent use; Run drives it.
+type Scheduler struct {
+	bus    *events.Bus
+	cfg    SchedulerConfig
+	log    *slog.Logger
+	report *events.Reporter
+	epoch  string
+	wake   chan struct{}
+
+	mu    sync.Mutex
+	inst  map[string]*schedEntry
+	seq   uint64
+	stats SchedulerStats
+}
+
+type schedEntry struct {
+	key       string
+	due       time.Time
+	reason    string // reason of the next job when it must be a full sync ("" = decide by time)
+	lastFull  time.Time
+	inflight  bool
+	sentAt    time.Time
+	jobID     string
+	jobReason string
+	fails     int // consecutive failed fetches
+	applyFail int // consecutive transient apply failures
+	out       bool
+	lastGood  time.Time
+	since     time.Time // when the instance was added
+	overdue   bool
+	tie       uint64
+	lastErr   string
+}
+
+// NewScheduler returns a Scheduler publishing on bus. report (may be nil)
+// receives the out-of-rotation and recovery events.
+func NewScheduler(bus *events.Bus, cfg SchedulerConfig, report *events.Reporter, log *slog.Logger) *Scheduler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Scheduler{bus: bus, cfg: cfg.withDefaults(), log: log, report: report, epoch: nuid.Next(),
+		wake: make(chan struct{}, 1), inst: map[string]*schedEntry{},
+		stats: SchedulerStats{Dispatched: map[string]int64{}, Results: map[string]int64{}, Missed: map[string]int64{}}}
+}
+
+// Config returns the effective configuration.
+func (s *Scheduler) Config() SchedulerConfig { return s.cfg }
+
+func (s *Scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Set makes keys the scheduled instances: new keys are due at once with a
+// full sync (reason appeared), keys not in the list are dropped.
+func (s *Scheduler) Set(keys []string) {
+	now := time.Now()
+	s.mu.Lock()
+	want := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		want[k] = true
+		if _, ok := s.inst[k]; !ok {
+			s.inst[k] = &schedEntry{key: k, due: now, reason: events.ReasonAppeared, since: now, tie: rand.Uint64()}
+		}
+	}
+	for k := range s.inst {
+		if !want[k] {
+			delete(s.inst, k)
+		}
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Add schedules key (due at once with a full sync) unless it is scheduled.
+func (s *Scheduler) Add(key string) {
+	s.mu.Lock()
+	if _, ok := s.inst[key]; !ok {
+		now := time.Now()
+		s.inst[key] = &schedEntry{key: key, due: now, reason: events.ReasonAppeared, since: now, tie: rand.Uint64()}
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Trigger makes key due at once with a full sync for reason (the instance
+// appeared or changed, or a publisher took the lead). It does nothing for
+// an unscheduled key. A key whose job is out gets the full sync right
+// after that job's result.
+func (s *Scheduler) Trigger(key, reason string) {
+	s.mu.Lock()
+	if e, ok := s.inst[key]; ok {
+		e.reason = reason
+		e.due = time.Now()
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Result takes a worker's result for an instance's job.
+func (s *Scheduler) Result(r events.SyncResult) {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stats.Results[r.Outcome]++
+	e, ok := s.inst[r.Key]
+	if !ok || !e.inflight || r.JobID != e.jobID {
+		return // an instance no longer scheduled, or a result of an older job
+	}
+	e.inflight = false
+	next := e.sentAt.Add(s.cfg.PollInterval)
+	switch {
+	case r.Outcome == events.OutcomeFetchFailed:
+		e.fails++
+		e.lastErr = r.Error
+		if e.fails >= s.cfg.FailuresBeforeBackoff {
+			wait := s.probeInterval(e.fails)
+			if !e.out {
+				e.out = true
+				s.log.Warn("instance taken out of rotation", "instance", e.key, "failures", e.fails, "probe_in", wait, "error", r.Error)
+				s.emit(e.key, fmt.Sprintf("instance taken out of rotation after %d consecutive failed status fetches; probed at a growing interval (now %v, at most %v); last error: %s",
+					e.fails, wait, s.cfg.ProbeMaxInterval, r.Error), !r.Transient)
+			}
+			next = now.Add(wait)
+		}
+	case r.Outcome == events.OutcomeApplyFailed && r.Transient:
+		e.applyFail++
+		wait := s.cfg.PollInterval << min(e.applyFail-1, 16)
+		next = now.Add(min(wait, s.cfg.SyncInterval))
+		s.recovered(e, now)
+	default: // synced, unchanged, skipped, or a permanent apply failure
+		e.applyFail = 0
+		s.recovered(e, now)
+		if e.jobReason != events.ReasonPoll {
+			e.lastFull = e.sentAt
+		}
+	}
+	if e.reason != "" {
+		next = now // a trigger came while the job ran
+	}
+	e.due = maxTime(next, now)
+	s.poke()
+}
+
+// recovered notes a good fetch of e (caller holds s.mu).
+func (s *Scheduler) recovered(e *schedEntry, now time.Time) {
+	if e.out {
+		s.log.Info("instance back in rotation", "instance", e.key, "failed_fetches", e.fails)
+		s.emit(e.key, fmt.Sprintf("instance recovered: status fetched again after %d failed fetches; back in rotation", e.fails), false)
+	}
+	e.out, e.fails, e.lastErr = false, 0, ""
+	e.lastGood = now
+	if e.overdue {
+		e.overdue = false
+		s.log.Info("instance back on schedule", "instance", e.key)
+	}
+}
+
+func (s *Scheduler) emit(key, msg string, permanent bool) {
+	if s.report == nil {
+		return
+	}
+	e := events.Error{Kind: events.ErrorFetch, Instance: key, Message: msg, Permanent: permanent}
+	// Reporting publishes with retries: never under the lock.
+	go s.report.Report(context.Background(), e)
+}
+
+// probeInterval is the wait before probing an instance with fails
+// consecutive failed fetches: PollInterval doubled per failure beyond
+// FailuresBeforeBackoff-1, capped at ProbeMaxInterval.
+func (s *Scheduler) probeInterval(fails int) time.Duration {
+	n := fails - s.cfg.FailuresBeforeBackoff + 1
+	d := s.cfg.PollInterval << min(n, 20)
+	return min(d, s.cfg.ProbeMaxInterval)
+}
+
+// Stats returns a snapshot.
+func (s *Scheduler) Stats() SchedulerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.stats
+	out.Dispatched = clone(s.stats.Dispatched)
+	out.Results = clone(s.stats.Results)
+	out.Missed = clone(s.stats.Missed)
+	out.Instances = len(s.inst)
+	for _, e := range s.inst {
+		if e.inflight {
+			out.InFlight++
+		}
+		if e.out {
+			out.OutOfRotation++
+		}
+		if e.overdue {
+			out.Overdue++
+		}
+	}
+	return out
+}
+
+func clone(m map[string]int64) map[string]int64 {
+	c := make(map[string]int64, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+// Run publishes sync jobs as instances fall due until ctx ends. Failures
+// to publish are reported and retried at the next poll.
+func (s *Scheduler) Run(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.wake:
+		}
+		wait := s.dispatch(ctx)
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(wait)
+	}
+}
+
+type dispatchItem struct {
+	key, id, reason string
+	due             time.Time
+	tie             uint64
+}
+
+// dispatch publishes every due job and returns how long to sleep.
+func (s *Scheduler) dispatch(ctx context.Context) time.Duration {
+	now := time.Now()
+	var items []dispatchItem
+	s.mu.Lock()
+	next := now.Add(s.cfg.PollInterval)
+	for _, e := range s.inst {
+		s.checkOverdue(e, now)
+		if e.inflight {
+			if now.Sub(e.sentAt) > s.cfg.InflightTimeout {
+				s.log.Warn("no result for a sync job; releasing the instance", "instance", e.key, "job", e.jobID, "sent", e.sentAt)
+				e.inflight = false
+				e.due = now
+			} else {
+				continue
+			}
+		}
+		if e.due.After(now) {
+			next = minTime(next, e.due)
+			continue
+		}
+		reason := e.reason
+		switch {
+		case reason != "":
+		case e.out:
+			reason = events.ReasonProbe
+		case e.lastFull.IsZero() || now.Sub(e.lastFull) >= s.cfg.SyncInterval:
+			reason = events.ReasonResync
+		default:
+			reason = events.ReasonPoll
+		}
+		s.seq++
+		id := fmt.Sprintf("sync:%s:%s:%d", e.key, s.epoch, s.seq)
+		e.inflight, e.sentAt, e.jobID, e.jobReason, e.reason = true, now, id, reason, ""
+		items = append(items, dispatchItem{key: e.key, id: id, reason: reason, due: e.due, tie: e.tie})
+	}
+	s.mu.Unlock()
+
+	// Oldest due first; ties at random (fixed per instance), never by name.
+	slices.SortFunc(items, func(a, b dispatchItem) int {
+		return cmp.Or(a.due.Compare(b.due), cmp.Compare(a.tie, b.tie))
+	})
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for _, it := range items {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			err := s.bus.Publish(ctx, s.bus.Subjects.Sync(it.key), events.TypeSyncJob, it.id, events.SyncJob{Key: it.key, Reason: it.reason})
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if err != nil {
+				if e, ok := s.inst[it.key]; ok && e.jobID == it.id {
+					e.inflight = false
+					e.due = time.Now().Add(s.cfg.PollInterval)
+					if it.reason != events.ReasonPoll && it.reason != events.ReasonResync && it.reason != events.ReasonProbe {
+						e.reason = it.reason
+					}
+				}
+				if ctx.Err() == nil && s.report != nil {
+					go s.report.Report(context.WithoutCancel(ctx), events.Error{Kind: events.ErrorDiscovery, Instance: it.key, Message: fmt.Sprintf("publish sync job: %v", err)})
+				}
+				return
+			}
+			s.stats.Dispatched[it.reason]++
+			s.stats.LastDispatch = time.Now()
+		}()
+	}
+	wg.Wait()
+	return max(time.Until(next), 10*time.Millisecond)
+}
+
+// checkOverdue marks e overdue when its last good sync (or its start) is
+// older than SyncInterval + PollInterval (caller holds s.mu).
+func (s *Scheduler) checkOverdue(e *schedEntry, now time.Time) {
+	ref := e.lastGood
+	if ref.IsZero() {
+		ref = e.since
+	}
+	if e.overdue || now.Sub(ref) <= s.cfg.SyncInterval+s.cfg.PollInterval {
+		return
+	}
+	e.overdue = true
+	cause := "capacity"
+	if e.out || e.fails > 0 {
+		cause = "backoff"
+	}
+	s.stats.Missed[cause]++
+	s.log.Warn("instance missed its sync interval", "instance", e.key, "cause", cause,
+		"last_good_sync", ref, "interval", s.cfg.SyncInterval, "in_flight", e.inflight, "error", e.lastErr)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
