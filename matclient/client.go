@@ -215,6 +215,20 @@ func (c *Client) StatusURL() string { return c.statusURL }
 // IsTransient tells which of these are worth retrying. Response bodies are
 // always drained (bounded) and closed so the connection is reused.
 func (c *Client) Status(ctx context.Context) (*Status, error) {
+	body, err := c.fetchBody(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st, err := Decode(body)
+	if err != nil {
+		return nil, &opError{url: c.statusURL, err: err}
+	}
+	return st, nil
+}
+
+// fetchBody GETs the status body (bounded by MaxBodyBytes); see Status
+// for the errors.
+func (c *Client) fetchBody(ctx context.Context) ([]byte, error) {
 	if c.closed.Load() {
 		return nil, &opError{url: c.statusURL, err: ErrClosed}
 	}
@@ -262,11 +276,7 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 	if int64(len(body)) > c.maxBody {
 		return nil, &opError{url: c.statusURL, err: fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, c.maxBody)}
 	}
-	st, err := Decode(body)
-	if err != nil {
-		return nil, &opError{url: c.statusURL, err: err}
-	}
-	return st, nil
+	return body, nil
 }
 
 // netErr wraps an error of the network phase (request or body read).
