@@ -51,7 +51,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	var natsPort, sims, workers int
 	var natsHost, stateDir string
 	var once, tls bool
-	var timeout, interval time.Duration
+	var timeout, interval, poll time.Duration
 	n.register(fs)
 	l.register(fs)
 	k.register(fs)
@@ -63,7 +63,8 @@ func runDev(ctx context.Context, args []string, e env) error {
 	fs.IntVar(&workers, "workers", 2, "workers to run in this process")
 	fs.BoolVar(&once, "once", false, "exit 0 once every simulated BMC has its Service (1 on --timeout), printing a JSON summary")
 	durationVar(fs, &timeout, "timeout", 3*time.Minute, "with --once: how long to wait for convergence")
-	durationVar(fs, &interval, "sync-interval", 10*time.Second, "how often every instance gets a sync job")
+	durationVar(fs, &interval, "sync-interval", 10*time.Second, "how often every instance gets a full resync")
+	durationVar(fs, &poll, "poll-interval", time.Second, "how often every instance's status is polled (cheap when unchanged)")
 	fs.BoolVar(&tls, "tls", true, "simulators serve HTTPS with self-signed certificates (as MAT does)")
 	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one)")
 	// dev's own defaults differ from the worker's.
@@ -74,6 +75,9 @@ func runDev(ctx context.Context, args []string, e env) error {
 	}
 	if sims < 1 || sims > 16 || workers < 1 {
 		return fmt.Errorf("%w: --simulators must be 1..16 and --workers at least 1", errUsage)
+	}
+	if poll < 100*time.Millisecond || poll > interval {
+		return fmt.Errorf("%w: --poll-interval must be at least 100ms and at most --sync-interval", errUsage)
 	}
 	if interval < time.Second {
 		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
@@ -206,7 +210,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	rep := events.NewReporter(pubBus, log.With("component", "discovery"), "dev-discovery", 0)
-	pub := discovery.NewPublisher(pubBus, src, discovery.PublisherConfig{SyncInterval: interval}, rep, log.With("component", "discovery"))
+	pub := discovery.NewPublisher(pubBus, src, discovery.PublisherConfig{SyncInterval: interval, Scheduler: discovery.SchedulerConfig{PollInterval: poll}}, rep, log.With("component", "discovery"))
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = pub.Run(runCtx) }()
 

@@ -21,7 +21,7 @@ type discoveryOpts struct {
 	selector, scheme, hostMode       string
 	static                           givenList
 	staticFile, staticName           string
-	interval                         time.Duration
+	interval, poll, probeMax         time.Duration
 	leaderElect                      bool
 	leaseName, leaseNamespace, ident string
 	leaseDuration, renewDeadline     time.Duration
@@ -35,7 +35,9 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	fs.Var(&o.static, "static", "static instances instead of Kubernetes discovery: [namespace/]name=url, repeatable or comma separated")
 	fs.StringVar(&o.staticFile, "static-file", "", "YAML/JSON list of static instances ({namespace, name, url, pod_name, owner})")
 	fs.StringVar(&o.staticName, "static-name", "static", "scope name of the static source; publishers of different scopes never report each other's instances gone")
-	durationVar(fs, &o.interval, "sync-interval", 30*time.Second, "how often every instance gets a sync job")
+	durationVar(fs, &o.interval, "sync-interval", 30*time.Second, "how often every instance gets a full resync (plan and apply even when its status looks unchanged)")
+	durationVar(fs, &o.poll, "poll-interval", time.Second, "how often every instance's status is polled; an unchanged status costs one GET and no Kubernetes request")
+	durationVar(fs, &o.probeMax, "probe-max-interval", 2*time.Minute, "longest wait between probes of an instance taken out of rotation after failed fetches")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "campaign for a Lease so only one publisher runs at a time (needs the Kubernetes API)")
 	fs.StringVar(&o.leaseName, "lease-name", "matbus-discovery", "name of the leader-election Lease")
 	fs.StringVar(&o.leaseNamespace, "lease-namespace", "", "namespace of the Lease (default: --namespace)")
@@ -48,6 +50,12 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 func (o *discoveryOpts) validate() error {
 	if o.interval < time.Second {
 		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
+	}
+	if o.poll < 100*time.Millisecond || o.poll > o.interval {
+		return fmt.Errorf("%w: --poll-interval must be at least 100ms and at most --sync-interval", errUsage)
+	}
+	if o.probeMax < o.poll {
+		return fmt.Errorf("%w: --probe-max-interval must be at least --poll-interval", errUsage)
 	}
 	if o.renewDeadline >= o.leaseDuration {
 		return fmt.Errorf("%w: --leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration", errUsage)
@@ -155,6 +163,8 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		}
 		return 0
 	}))
+	var sched atomic.Pointer[discovery.Scheduler]
+	schedulerMetrics(reg, &sched)
 	// Ready means able to publish: connected to NATS. Followers are ready too.
 	if err := serveHealth(ctx, healthAddr, func() bool { return nc.IsConnected() }, reg, log); err != nil {
 		return err
@@ -166,7 +176,9 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		if err != nil {
 			return err
 		}
-		return discovery.NewPublisher(bus, src, discovery.PublisherConfig{SyncInterval: o.interval}, rep, log).Run(ctx)
+		pub := discovery.NewPublisher(bus, src, o.publisherConfig(), rep, log)
+		sched.Store(pub.Scheduler())
+		return pub.Run(ctx)
 	}
 	// Validate the source once before campaigning, so bad flags fail fast.
 	if _, err := o.source(kube, namespace, log, rep); err != nil {
@@ -192,4 +204,51 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	return leadErr
+}
+
+// publisherConfig is the publisher's configuration from the flags.
+func (o *discoveryOpts) publisherConfig() discovery.PublisherConfig {
+	return discovery.PublisherConfig{SyncInterval: o.interval,
+		Scheduler: discovery.SchedulerConfig{PollInterval: o.poll, SyncInterval: o.interval, ProbeMaxInterval: o.probeMax}}
+}
+
+// schedulerMetrics exports the stats of the scheduler that sched points at
+// (nil while this process does not lead: every value is then 0).
+func schedulerMetrics(reg *prometheus.Registry, sched *atomic.Pointer[discovery.Scheduler]) {
+	stats := func() discovery.SchedulerStats {
+		if s := sched.Load(); s != nil {
+			return s.Stats()
+		}
+		return discovery.SchedulerStats{}
+	}
+	gauge := func(name, help string, f func(discovery.SchedulerStats) float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "scheduler", Name: name, Help: help},
+			func() float64 { return f(stats()) }))
+	}
+	gauge("instances", "Instances scheduled for sync jobs.", func(s discovery.SchedulerStats) float64 { return float64(s.Instances) })
+	gauge("instances_in_flight", "Instances with a sync job out.", func(s discovery.SchedulerStats) float64 { return float64(s.InFlight) })
+	gauge("instances_out_of_rotation", "Instances probed at a backoff interval after failed status fetches.",
+		func(s discovery.SchedulerStats) float64 { return float64(s.OutOfRotation) })
+	gauge("instances_overdue", "Instances whose last good sync is older than the sync interval plus the poll interval.",
+		func(s discovery.SchedulerStats) float64 { return float64(s.Overdue) })
+	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_jobs_dispatched_total", "Sync jobs published, by reason.", []string{"reason"}, nil),
+		values: func() map[string]int64 { return stats().Dispatched }})
+	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_results_total", "Sync results received from workers, by outcome.", []string{"outcome"}, nil),
+		values: func() map[string]int64 { return stats().Results }})
+	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_missed_intervals_total", "Times an instance fell behind its sync interval, by cause (capacity, backoff).", []string{"cause"}, nil),
+		values: func() map[string]int64 { return stats().Missed }})
+}
+
+// mapCounter exports a map of counts as one counter per label value.
+type mapCounter struct {
+	desc   *prometheus.Desc
+	values func() map[string]int64
+}
+
+func (m *mapCounter) Describe(ch chan<- *prometheus.Desc) { ch <- m.desc }
+
+func (m *mapCounter) Collect(ch chan<- prometheus.Metric) {
+	for k, v := range m.values() {
+		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(v), k)
+	}
 }

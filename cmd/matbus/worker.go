@@ -27,7 +27,7 @@ type workerOpts struct {
 	insecure                                           bool
 	matTimeout, retryMaxElapsed, grace, ackWait        time.Duration
 	instanceResync                                     time.Duration
-	jobs, concurrency, maxDeliver                      int
+	jobs, fetches, deleteJobs, concurrency, maxDeliver int
 	errorWindow                                        time.Duration
 }
 
@@ -44,15 +44,17 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
 	durationVar(fs, &o.instanceResync, "instance-resync", time.Minute, "how often the client cache is checked against the instances stream, and the Services of instances gone for two such periods are cleaned up again")
 	durationVar(fs, &o.ackWait, "ack-wait", 30*time.Second, "JetStream AckWait of the job consumers (progress is reported at a third of it)")
-	fs.IntVar(&o.jobs, "jobs", 4, "jobs of each kind one worker handles at once")
-	fs.IntVar(&o.concurrency, "concurrency", 8, "parallel Kubernetes writes within one sync job")
+	fs.IntVar(&o.jobs, "jobs", 4, "sync jobs one worker plans and applies at once (a job waiting for MAT holds no such slot)")
+	fs.IntVar(&o.fetches, "fetches", 32, "sync jobs one worker takes at once, most of them waiting for a MAT status or finding it unchanged")
+	fs.IntVar(&o.deleteJobs, "delete-jobs", 32, "delete jobs one worker runs at once")
+	fs.IntVar(&o.concurrency, "concurrency", 32, "Kubernetes writes in flight in one worker, over all its jobs")
 	fs.IntVar(&o.maxDeliver, "max-deliver", 5, "deliveries of one job before it becomes an error event")
 	durationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
 }
 
 func (o *workerOpts) validate() error {
-	if o.jobs <= 0 || o.concurrency <= 0 || o.maxDeliver <= 0 {
-		return fmt.Errorf("%w: --jobs, --concurrency and --max-deliver must be positive", errUsage)
+	if o.jobs <= 0 || o.fetches <= 0 || o.deleteJobs <= 0 || o.concurrency <= 0 || o.maxDeliver <= 0 {
+		return fmt.Errorf("%w: --jobs, --fetches, --delete-jobs, --concurrency and --max-deliver must be positive", errUsage)
 	}
 	if _, err := plan.ParseIPMode(o.ipMode); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -96,7 +98,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 	w, err := worker.New(worker.Config{
 		Name: name,
 		Plan: plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel},
-		Jobs: o.jobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
+		Jobs: o.jobs, Fetches: o.fetches, DeleteJobs: o.deleteJobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
 		InstanceResync: o.instanceResync,
 		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
 	}, bus, kube, factory, rep, log)
@@ -129,6 +131,8 @@ func workerMetrics(reg *prometheus.Registry, w *worker.Worker) {
 			func() float64 { return float64(f(w.Stats())) }))
 	}
 	stat("syncs_total", "Sync jobs completed.", func(s worker.Stats) int64 { return s.Syncs })
+	stat("syncs_unchanged_total", "Poll jobs that found the status and the Services unchanged (no planning, no API request).", func(s worker.Stats) int64 { return s.Unchanged })
+	stat("deletes_kept_total", "Delete jobs not run because the newest status still wants the Service.", func(s worker.Stats) int64 { return s.DeletesKept })
 	stat("cleanups_total", "Clean-up jobs completed.", func(s worker.Stats) int64 { return s.Cleanups })
 	stat("services_created_total", "Services created.", func(s worker.Stats) int64 { return s.Created })
 	stat("services_updated_total", "Services updated.", func(s worker.Stats) int64 { return s.Updated })
