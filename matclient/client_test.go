@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -275,24 +276,39 @@ func TestRetryAfter(t *testing.T) {
 }
 
 func TestStatusInvalidBody(t *testing.T) {
-	srv := newCountingServer(t, fixtureHandler(t, "malformed/port-out-of-range.json"), false)
+	srv := newCountingServer(t, fixtureHandler(t, "malformed/generation-as-string.json"), false)
 	c := newClient(t, srv.URL, Config{})
 	for range 5 {
 		_, err := c.Status(context.Background())
 		if !errors.Is(err, ErrInvalidStatus) || IsTransient(err) {
 			t.Fatalf("Status = %v (transient %v), want permanent ErrInvalidStatus", err, IsTransient(err))
 		}
-		want := "matclient: GET " + srv.URL + "/machines/status: invalid status: machines[0] (mat_id 0c6f3a52-91d4-4b7e-8f20-5a6b7c8d9e01).bmc.redfish.listen_port: 70000 is out of range"
+		want := "matclient: GET " + srv.URL + "/machines/status: invalid status: generation: cannot unmarshal string into uint64"
 		if !strings.HasPrefix(err.Error(), want) {
 			t.Errorf("error = %q\nwant prefix %q", err, want)
 		}
 		var de *DecodeError
-		if !errors.As(err, &de) || !strings.HasSuffix(de.Path, ".bmc.redfish.listen_port") {
+		if !errors.As(err, &de) || de.Path != "generation" {
 			t.Errorf("DecodeError = %+v", de)
 		}
 	}
 	if n := srv.conns.Load(); n != 1 {
 		t.Errorf("%d connections, want 1", n)
+	}
+}
+
+// TestStatusInvalidDevice: a body whose only fault is in one device is a
+// status, not an error; the device is listed in Invalid.
+func TestStatusInvalidDevice(t *testing.T) {
+	srv := newCountingServer(t, fixtureHandler(t, "malformed/port-out-of-range.json"), false)
+	st, err := newClient(t, srv.URL, Config{}).Status(context.Background())
+	if err != nil {
+		t.Fatalf("Status: %v", err)
+	}
+	want := []InvalidDevice{{Path: "machines[0]", MatID: "0c6f3a52-91d4-4b7e-8f20-5a6b7c8d9e01",
+		Reason: "bmc.redfish.listen_port: 70000 is out of range 1..65535"}}
+	if len(st.Machines) != 0 || !reflect.DeepEqual(st.Invalid, want) {
+		t.Errorf("machines %+v invalid %+v, want none and %+v", st.Machines, st.Invalid, want)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -16,13 +17,16 @@ import (
 // the same error (IsTransient reports false).
 var ErrInvalidStatus = errors.New("matclient: invalid status")
 
-// DecodeError is the concrete error Decode returns. It wraps
-// ErrInvalidStatus and, where there is one, the underlying encoding/json
-// error (so errors.As with *json.SyntaxError works).
+// DecodeError is the concrete error Decode returns for a document that is
+// invalid as a whole. It wraps ErrInvalidStatus and, where there is one,
+// the underlying encoding/json error (so errors.As with *json.SyntaxError
+// works). Status.Validate returns it too, naming a device where one is at
+// fault.
 type DecodeError struct {
-	// Path names the offending element, e.g.
-	// "machines[0] (mat_id 0c6f3a52-…).bmc.redfish.listen_port" or
-	// "generation"; "" when the document as a whole is at fault.
+	// Path names the offending element, e.g. "generation" or "machines";
+	// "" when the document as a whole is at fault (not JSON, not an object).
+	// From Validate it may name a device field, e.g.
+	// "machines[0] (mat_id 0c6f3a52-…).bmc.redfish.listen_port".
 	Path string
 	// Reason says what is wrong with it.
 	Reason string
@@ -143,25 +147,34 @@ type rawIBPort struct {
 //     devices are then KindDPU and top-level ones get KindForHardwareType.
 //
 // The schema is SchemaV2 when any of `generation`, `inventory_id`,
-// `epoch_id` (top level) or `device_kind` (any device) is present. A device
-// without `device_kind` gets its kind derived as for legacy bodies. Unknown
-// fields are ignored, so newer MAT versions still decode.
+// `epoch_id` (top level) or a non-null `device_kind` (any device object,
+// valid or not) is present. A device without `device_kind` gets its kind
+// derived as for legacy bodies. Unknown fields are ignored, so newer MAT
+// versions still decode.
 //
-// Validation is strict; each failure is a *DecodeError wrapping
-// ErrInvalidStatus whose message names the field and the device (index and
-// mat_id). Errors: invalid JSON, truncated bodies or data after the
-// document; a top level that is not an object; `machines` missing or null
-// (an empty array is fine); a device that is not an object, lacks a
-// non-empty `mat_id`, `bmc` or `bmc.redfish`; ports that are not integers
-// in 1..65535; `generation` that is not an integer in 1..2^64-1; an unknown
-// `device_kind`, a top-level DPU, a nested device that is not a DPU, or DPUs
-// under a device that is not a host; `bmc.ip`, `machine_ip` or `nvos_ip`
-// that is not an IPv4 address; a `mat_id` that occurs twice anywhere in
-// the body (both positions are named). Strings where strings are expected,
-// arrays for `machines`, `dpus` and `infiniband_ports`, objects for `bmc`
-// and endpoints. Optional fields may be absent or null.
+// Errors about the document as a whole make Decode return a nil Status and
+// a *DecodeError wrapping ErrInvalidStatus: invalid JSON, a truncated body
+// or data after the document; a top level that is not an object;
+// `machines` missing, null or not an array (an empty array is fine);
+// `inventory_id` or `epoch_id` that is not a string; `generation` that is
+// not an integer in 1..2^64-1.
 //
-// Two devices reporting the same BMC IP are NOT a decode error: that is a
+// A device with an invalid field is left out of Status.Machines and listed
+// in Status.Invalid instead (see InvalidDevice), and the other devices are
+// kept: a device that is not an object, lacks a non-empty string `mat_id`,
+// `bmc` or `bmc.redfish`; ports that are not integers in 1..65535; an
+// unknown `device_kind`, a top-level DPU, a nested device that is not a
+// DPU, or DPUs under a device that is not a host (the parent is invalid);
+// `bmc.ip`, `machine_ip` or `nvos_ip` that is not an IPv4 address; an
+// InfiniBand port without a `guid`; a string field that is not a string;
+// `dpus`, `infiniband_ports` that are not arrays, `bmc` and endpoints that
+// are not objects. Every device whose `mat_id` occurs more than once in the
+// body is invalid, none is preferred (body order is no stable tie-break).
+// The DPUs of an invalid host are invalid too (reason "host machines[i] is
+// invalid" unless they have a fault of their own); the DPUs of an invalid
+// DPU are not read. Optional fields may be absent or null.
+//
+// Two devices reporting the same BMC IP are NOT invalid: that is a
 // planning decision.
 //
 // Decode never panics and does not retain body.
@@ -209,56 +222,167 @@ func Decode(body []byte) (*Status, error) {
 		return nil, jsonError("machines", "array", err)
 	}
 
-	d := decoder{seen: make(map[string]string, len(items)*2)}
-	st.Machines = make([]Device, len(items))
+	var d decoder
+	nodes := make([]*node, len(items))
 	for i, raw := range items {
-		pos := "machines[" + strconv.Itoa(i) + "]"
-		if err := d.device(raw, pos, false, &st.Machines[i]); err != nil {
-			return nil, err
-		}
+		nodes[i] = d.device(raw, "machines["+strconv.Itoa(i)+"]", false)
 	}
 	if d.sawKind {
 		st.Schema = SchemaV2
 	}
+	markDuplicates(nodes)
+	st.Machines = make([]Device, 0, len(nodes))
+	for _, n := range nodes {
+		if n.err != nil {
+			st.Invalid = append(st.Invalid, n.invalid(""))
+			for _, c := range n.dpus {
+				st.Invalid = append(st.Invalid, c.invalid(n.pos))
+			}
+			continue
+		}
+		for _, c := range n.dpus {
+			if c.err != nil {
+				st.Invalid = append(st.Invalid, c.invalid(""))
+				continue
+			}
+			n.dev.DPUs = append(n.dev.DPUs, c.dev)
+		}
+		st.Machines = append(st.Machines, n.dev)
+	}
 	return st, nil
 }
 
-type decoder struct {
-	seen    map[string]string // mat_id -> position ("machines[0].dpus[1]")
-	sawKind bool              // some device carried device_kind
+// node is one device of the body while Decode tells valid from invalid.
+type node struct {
+	pos   string       // "machines[3]" or "machines[3].dpus[0]"
+	matID string       // "" when missing, empty or not a string
+	dev   Device       // the decoded fields (DPUs excluded); meaningful when err is nil
+	err   *DecodeError // the device's first fault, Path relative to the device; nil if valid
+	dpus  []*node      // the nested devices of a top-level device
 }
 
-// device decodes one device at position pos ("machines[0]" or
-// "machines[0].dpus[1]") into out. nested is true for DPUs.
-func (d *decoder) device(raw json.RawMessage, pos string, nested bool, out *Device) error {
+// invalid returns n as an InvalidDevice. parentPos is the position of
+// n's invalid host when n is valid in itself, else "".
+func (n *node) invalid(parentPos string) InvalidDevice {
+	inv := InvalidDevice{Path: n.pos, MatID: n.matID}
+	switch {
+	case n.err == nil:
+		inv.Reason = "host " + parentPos + " is invalid"
+	case n.err.Path == "":
+		inv.Reason = n.err.Reason
+	default:
+		inv.Reason = n.err.Path + ": " + n.err.Reason
+	}
+	return inv
+}
+
+// markDuplicates gives every node whose mat_id occurs more than once (and
+// that has no fault of its own) a duplicate-mat_id fault naming the other
+// positions.
+func markDuplicates(nodes []*node) {
+	at := make(map[string][]string, len(nodes))
+	var all []*node
+	for _, n := range nodes {
+		all = append(all, n)
+		all = append(all, n.dpus...)
+	}
+	for _, n := range all {
+		if n.matID != "" {
+			at[n.matID] = append(at[n.matID], n.pos)
+		}
+	}
+	for _, n := range all {
+		pos := at[n.matID]
+		if n.err != nil || len(pos) < 2 {
+			continue
+		}
+		others := make([]string, 0, len(pos)-1)
+		for _, p := range pos {
+			if p != n.pos {
+				others = append(others, p)
+			}
+		}
+		n.err = invalid("mat_id", "duplicate mat_id, also at %s", strings.Join(others, ", "))
+	}
+}
+
+type decoder struct {
+	sawKind bool // some device object carried a non-null device_kind
+}
+
+// device decodes the device at position pos ("machines[0]" or
+// "machines[0].dpus[1]"); nested is true for DPUs. The DPUs of a top-level
+// device are decoded even when it is invalid, so that their mat_ids count
+// for duplicates and they can be listed; those of a nested device are not.
+func (d *decoder) device(raw json.RawMessage, pos string, nested bool) *node {
+	n := &node{pos: pos}
 	if t := jsonType(raw); t != "object" {
-		return invalid(pos, "device must be a JSON object, got %s", t)
+		n.err = invalid("", "device must be a JSON object, got %s", t)
+		return n
 	}
 	var rd rawDevice
 	if err := json.Unmarshal(raw, &rd); err != nil {
-		return jsonError(pos, "device object", err)
+		n.err = jsonError("", "device object", err)
+		return n
 	}
+	if present(rd.DeviceKind) && jsonType(rd.DeviceKind) != "null" {
+		d.sawKind = true
+	}
+	n.err = asDecodeError(fields(&rd, nested, n))
 
-	// mat_id first, so that every later error can name the device.
+	switch t := jsonType(rd.DPUs); t {
+	case "missing", "null":
+		return n
+	case "array":
+	default:
+		if n.err == nil {
+			n.err = invalid("dpus", "cannot unmarshal %s into array", t)
+		}
+		return n
+	}
+	var items []json.RawMessage
+	if err := json.Unmarshal(rd.DPUs, &items); err != nil {
+		if n.err == nil {
+			n.err = jsonError("dpus", "array", err)
+		}
+		return n
+	}
+	if len(items) == 0 {
+		return n
+	}
+	if n.err == nil && n.dev.Kind != KindMachine {
+		n.err = invalid("dpus", "a %s cannot have dpus (%d given)", n.dev.Kind, len(items))
+	}
+	if nested {
+		return n
+	}
+	n.dpus = make([]*node, len(items))
+	for i, item := range items {
+		n.dpus[i] = d.device(item, pos+".dpus["+strconv.Itoa(i)+"]", true)
+	}
+	return n
+}
+
+// fields decodes every field of one device but its DPUs into n.dev (and
+// n.matID) and returns the first fault, a *DecodeError with a Path
+// relative to the device.
+func fields(rd *rawDevice, nested bool, n *node) error {
+	out := &n.dev
 	switch t := jsonType(rd.MatID); t {
 	case "missing", "null":
-		return invalid(pos+".mat_id", "missing")
+		return invalid("mat_id", "missing")
 	case "string":
 	default:
-		return invalid(pos+".mat_id", "cannot unmarshal %s into string", t)
+		return invalid("mat_id", "cannot unmarshal %s into string", t)
 	}
-	matID, err := requireString(rd.MatID, pos+".mat_id")
+	matID, err := requireString(rd.MatID, "mat_id")
 	if err != nil {
 		return err
 	}
 	if matID == "" {
-		return invalid(pos+".mat_id", "empty")
+		return invalid("mat_id", "empty")
 	}
-	label := pos + " (mat_id " + matID + ")"
-	if first, dup := d.seen[matID]; dup {
-		return invalid(label+".mat_id", "duplicate mat_id, also at %s", first)
-	}
-	d.seen[matID] = pos
+	n.matID = matID
 	out.MatID = matID
 
 	strs := []struct {
@@ -274,28 +398,27 @@ func (d *decoder) device(raw json.RawMessage, pos string, nested bool, out *Devi
 		{rd.PowerState, "power_state", &out.PowerState},
 	}
 	for _, s := range strs {
-		if *s.dst, err = optString(s.raw, label+"."+s.name); err != nil {
+		if *s.dst, err = optString(s.raw, s.name); err != nil {
 			return err
 		}
 	}
-	if out.MachineIP, err = optIPv4(rd.MachineIP, label+".machine_ip"); err != nil {
+	if out.MachineIP, err = optIPv4(rd.MachineIP, "machine_ip"); err != nil {
 		return err
 	}
-	if out.NvosIP, err = optIPv4(rd.NvosIP, label+".nvos_ip"); err != nil {
+	if out.NvosIP, err = optIPv4(rd.NvosIP, "nvos_ip"); err != nil {
 		return err
 	}
 
 	// Kind: explicit, or derived the way MAT derives it.
-	kindStr, err := optString(rd.DeviceKind, label+".device_kind")
+	kindStr, err := optString(rd.DeviceKind, "device_kind")
 	if err != nil {
 		return err
 	}
 	switch {
 	case present(rd.DeviceKind) && jsonType(rd.DeviceKind) != "null":
-		d.sawKind = true
 		out.Kind = DeviceKind(kindStr)
 		if !out.Kind.Valid() {
-			return invalid(label+".device_kind", "unknown device kind %q (want machine, dpu, switch or power_shelf)", kindStr)
+			return invalid("device_kind", "unknown device kind %q (want machine, dpu, switch or power_shelf)", kindStr)
 		}
 	case nested:
 		out.Kind = KindDPU
@@ -303,44 +426,16 @@ func (d *decoder) device(raw json.RawMessage, pos string, nested bool, out *Devi
 		out.Kind = KindForHardwareType(out.HardwareType)
 	}
 	if nested && out.Kind != KindDPU {
-		return invalid(label+".device_kind", "%q is not valid for a device nested under a host (want dpu)", out.Kind)
+		return invalid("device_kind", "%q is not valid for a device nested under a host (want dpu)", out.Kind)
 	}
 	if !nested && out.Kind == KindDPU {
-		return invalid(label+".device_kind", "a dpu must be nested under its host, not at the top level")
+		return invalid("device_kind", "a dpu must be nested under its host, not at the top level")
 	}
 
-	if out.InfinibandPorts, err = ibPorts(rd.InfinibandPorts, label+".infiniband_ports"); err != nil {
+	if out.InfinibandPorts, err = ibPorts(rd.InfinibandPorts, "infiniband_ports"); err != nil {
 		return err
 	}
-	if err := bmc(rd.BMC, label+".bmc", &out.BMC); err != nil {
-		return err
-	}
-
-	// DPUs, recursively.
-	switch t := jsonType(rd.DPUs); t {
-	case "missing", "null":
-		return nil
-	case "array":
-	default:
-		return invalid(label+".dpus", "cannot unmarshal %s into array", t)
-	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(rd.DPUs, &items); err != nil {
-		return jsonError(label+".dpus", "array", err)
-	}
-	if len(items) == 0 {
-		return nil
-	}
-	if out.Kind != KindMachine {
-		return invalid(label+".dpus", "a %s cannot have dpus (%d given)", out.Kind, len(items))
-	}
-	out.DPUs = make([]Device, len(items))
-	for i, raw := range items {
-		if err := d.device(raw, label+".dpus["+strconv.Itoa(i)+"]", true, &out.DPUs[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return bmc(rd.BMC, "bmc", &out.BMC)
 }
 
 func bmc(raw json.RawMessage, path string, out *BMC) error {
@@ -542,6 +637,18 @@ func jsonType(raw []byte) string {
 		return "array"
 	}
 	return "number"
+}
+
+// asDecodeError returns err as a *DecodeError (nil for nil).
+func asDecodeError(err error) *DecodeError {
+	if err == nil {
+		return nil
+	}
+	var de *DecodeError
+	if errors.As(err, &de) {
+		return de
+	}
+	return &DecodeError{Reason: err.Error(), Err: err}
 }
 
 // jsonError turns an encoding/json error into a *DecodeError.

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -220,50 +222,143 @@ func TestDecodeFixtures(t *testing.T) {
 	}
 }
 
+// TestDecodeMalformedFixtures says, for every file of testdata/malformed,
+// whether it is a document-level error (Decode fails, nothing is known
+// about any device) or a per-device one (the status decodes, the device is
+// listed in Invalid), or no decode matter at all (duplicate BMC IPs are
+// the planner's).
 func TestDecodeMalformedFixtures(t *testing.T) {
 	const id = "0c6f3a52-91d4-4b7e-8f20-5a6b7c8d9e01"
+	type level int
+	const (
+		document level = iota // Decode returns an error
+		device                // Decode returns a status; the device is in Invalid
+		planning              // Decode returns a status without Invalid
+	)
 	tests := []struct {
-		file string
-		want []string // substrings of the error message
+		file        string
+		level       level
+		wantErr     []string        // document: substrings of the error
+		wantInvalid []InvalidDevice // device: exactly these
+		wantKept    int             // device, planning: top-level devices kept
 	}{
-		{"truncated.json", []string{"invalid JSON", "unexpected end of JSON input"}},
-		{"trailing-data.json", []string{"invalid JSON", "after top-level value"}},
-		{"port-as-string.json", []string{"machines[0] (mat_id " + id + ").bmc.redfish.listen_port: cannot unmarshal string into uint16"}},
-		{"port-out-of-range.json", []string{"machines[0] (mat_id " + id + ").bmc.redfish.listen_port: 70000 is out of range 1..65535"}},
-		{"missing-bmc.json", []string{"machines[0] (mat_id " + id + ").bmc: missing"}},
-		{"null-machines.json", []string{"machines: is null"}},
-		{"duplicate-mat-ids.json", []string{"machines[1] (mat_id " + id + ").mat_id: duplicate mat_id, also at machines[0]"}},
-		{"generation-as-string.json", []string{"generation: cannot unmarshal string into uint64"}},
+		{file: "truncated.json", level: document, wantErr: []string{"invalid JSON", "unexpected end of JSON input"}},
+		{file: "trailing-data.json", level: document, wantErr: []string{"invalid JSON", "after top-level value"}},
+		{file: "null-machines.json", level: document, wantErr: []string{"machines: is null"}},
+		{file: "generation-as-string.json", level: document, wantErr: []string{"generation: cannot unmarshal string into uint64"}},
+		{file: "port-as-string.json", level: device, wantInvalid: []InvalidDevice{
+			{Path: "machines[0]", MatID: id, Reason: "bmc.redfish.listen_port: cannot unmarshal string into uint16"}}},
+		{file: "port-out-of-range.json", level: device, wantInvalid: []InvalidDevice{
+			{Path: "machines[0]", MatID: id, Reason: "bmc.redfish.listen_port: 70000 is out of range 1..65535"}}},
+		{file: "missing-bmc.json", level: device, wantInvalid: []InvalidDevice{
+			{Path: "machines[0]", MatID: id, Reason: "bmc: missing (every device has a bmc object)"}}},
+		{file: "duplicate-mat-ids.json", level: device, wantInvalid: []InvalidDevice{
+			{Path: "machines[0]", MatID: id, Reason: "mat_id: duplicate mat_id, also at machines[1]"},
+			{Path: "machines[1]", MatID: id, Reason: "mat_id: duplicate mat_id, also at machines[0]"}}},
+		{file: "duplicate-bmc-ip.json", level: planning, wantKept: 2},
 	}
 	files, err := filepath.Glob(filepath.Join("testdata", "malformed", "*.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every malformed fixture but duplicate-bmc-ip (which decodes) is covered.
-	if len(files) != len(tests)+1 {
-		t.Errorf("testdata/malformed has %d files, table covers %d+1", len(files), len(tests))
+	if len(files) != len(tests) {
+		t.Errorf("testdata/malformed has %d files, table covers %d", len(files), len(tests))
 	}
 	for _, tt := range tests {
 		t.Run(tt.file, func(t *testing.T) {
 			st, err := Decode(readFixture(t, filepath.Join("malformed", tt.file)))
-			if err == nil {
-				t.Fatalf("Decode = %+v, want error", st)
-			}
-			if st != nil {
-				t.Errorf("Decode returned a status with an error")
-			}
-			if !errors.Is(err, ErrInvalidStatus) {
-				t.Errorf("error %v does not wrap ErrInvalidStatus", err)
-			}
-			if !strings.HasPrefix(err.Error(), "matclient: invalid status: ") {
-				t.Errorf("error %q lacks the prefix", err)
-			}
-			for _, w := range tt.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
+			if tt.level == document {
+				if err == nil {
+					t.Fatalf("Decode = %+v, want a document-level error", st)
 				}
+				if st != nil {
+					t.Errorf("Decode returned a status with an error")
+				}
+				if !errors.Is(err, ErrInvalidStatus) {
+					t.Errorf("error %v does not wrap ErrInvalidStatus", err)
+				}
+				if !strings.HasPrefix(err.Error(), "matclient: invalid status: ") {
+					t.Errorf("error %q lacks the prefix", err)
+				}
+				for _, w := range tt.wantErr {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not contain %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Decode: %v, want a status", err)
+			}
+			if err := st.Validate(); err != nil {
+				t.Errorf("Validate: %v", err)
+			}
+			if !reflect.DeepEqual(st.Invalid, tt.wantInvalid) {
+				t.Errorf("invalid %+v\nwant %+v", st.Invalid, tt.wantInvalid)
+			}
+			if len(st.Machines) != tt.wantKept || st.Machines == nil {
+				t.Errorf("%d machines kept (nil %v), want %d", len(st.Machines), st.Machines == nil, tt.wantKept)
 			}
 		})
+	}
+}
+
+// TestDecodePartialFixture: a v2-mixed-like body with a DPU with a bad BMC
+// IP, a switch with a port out of range, a power shelf without mat_id and
+// a power shelf listed twice decodes; every other device is kept as in
+// v2-mixed (including an SSH on the Redfish port, which is the planner's
+// business), the invalid ones are listed in body order.
+func TestDecodePartialFixture(t *testing.T) {
+	const ps = "624423f1-04b4-404c-8d55-d1cb82fa8ae4"
+	st, err := Decode(readFixture(t, filepath.Join("partial", "v2-mixed-partial.json")))
+	if err != nil {
+		t.Fatalf("Decode: %v", err)
+	}
+	if err := st.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	if st.Schema != SchemaV2 || st.Generation != 9 {
+		t.Errorf("schema %v generation %d", st.Schema, st.Generation)
+	}
+	wantInvalid := []InvalidDevice{
+		{Path: "machines[0].dpus[1]", MatID: "a15919aa-5727-4fb9-84e9-2980007cfc58", Reason: `bmc.ip: "10.96.64.300" is not an IPv4 address`},
+		{Path: "machines[4]", MatID: "d5bb3746-fdf8-424d-ba9d-3d7d407756a9", Reason: "bmc.redfish.listen_port: 70000 is out of range 1..65535"},
+		{Path: "machines[5]", MatID: ps, Reason: "mat_id: duplicate mat_id, also at machines[7]"},
+		{Path: "machines[6]", Reason: "mat_id: empty"},
+		{Path: "machines[7]", MatID: ps, Reason: "mat_id: duplicate mat_id, also at machines[5]"},
+	}
+	if !reflect.DeepEqual(st.Invalid, wantInvalid) {
+		t.Errorf("invalid:\n%+v\nwant\n%+v", st.Invalid, wantInvalid)
+	}
+	full, err := Decode(readFixture(t, "v2-mixed.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	st.Walk(func(d, _ *Device) {
+		kept = append(kept, d.MatID)
+		want, _ := findDevice(full, d.MatID)
+		if d.MatID == "7ec7b7c3-126b-412a-babf-fd79d002e921" {
+			if d.BMC.SSH == nil || *d.BMC.SSH != (Endpoint{ReachablePort: 443, ListenPort: 2222}) {
+				t.Errorf("dgx ssh %+v, want 443->2222", d.BMC.SSH)
+			}
+			return
+		}
+		if want == nil || !reflect.DeepEqual(*d, *want) && d.MatID != "922f3d9b-20be-461f-9b69-90928701ce93" {
+			t.Errorf("%s differs from v2-mixed:\n%+v\n%+v", d.MatID, d, want)
+		}
+	})
+	wantKept := []string{
+		"922f3d9b-20be-461f-9b69-90928701ce93", "2458e540-24e4-46e5-b2cf-6caac4b9c637",
+		"7ec7b7c3-126b-412a-babf-fd79d002e921", "9b8d41e8-ad45-4b7d-a541-38d781be09da",
+		"d171a368-ea6a-45f5-9b66-6767052fe916", "923c3a06-0b09-4573-a4da-142c606ae61e",
+		"1a530254-57f0-4a8d-adb9-7d5520153f50",
+	}
+	if !slices.Equal(kept, wantKept) {
+		t.Errorf("kept %q\nwant %q", kept, wantKept)
+	}
+	if h := mustDevice(t, st, "922f3d9b-20be-461f-9b69-90928701ce93"); len(h.DPUs) != 1 || len(h.InfinibandPorts) != 2 {
+		t.Errorf("gb200 host: %d dpus (want the valid one), %d ib ports", len(h.DPUs), len(h.InfinibandPorts))
 	}
 }
 
@@ -399,8 +494,15 @@ func TestDecodeInline(t *testing.T) {
 	type tc struct {
 		name    string
 		body    any    // obj, or string for raw bodies
-		wantErr string // substring; "" = must decode
-		check   func(t *testing.T, st *Status)
+		wantErr string // substring of a document-level error; "" = must decode
+		// wantInvalid are substrings of Status.Invalid[i].String(), one per
+		// invalid device in body order. For obj bodies a valid neighbour
+		// device is appended, which must be kept.
+		wantInvalid []string
+		// wantKept are the mat_ids of Machines in Walk order (neighbour
+		// excluded); checked when wantInvalid is set.
+		wantKept []string
+		check    func(t *testing.T, st *Status)
 	}
 	tests := []tc{
 		// Schema detection and legacy kinds.
@@ -508,75 +610,138 @@ func TestDecodeInline(t *testing.T) {
 		{name: "inventory_id number", body: with(v2(), "inventory_id", 7), wantErr: "inventory_id: cannot unmarshal number into string"},
 		{name: "epoch_id object", body: with(v2(), "epoch_id", obj{}), wantErr: "epoch_id: cannot unmarshal object into string"},
 
-		// Device errors.
-		{name: "device null", body: obj{"machines": []any{nil}}, wantErr: "machines[0]: device must be a JSON object, got null"},
-		{name: "device number", body: obj{"machines": []any{1}}, wantErr: "machines[0]: device must be a JSON object, got number"},
-		{name: "mat_id missing", body: v2(dev(h1, KindMachine), dev("", KindMachine, del("mat_id"))), wantErr: "machines[1].mat_id: missing"},
-		{name: "mat_id empty", body: v2(dev("", KindMachine)), wantErr: "machines[0].mat_id: empty"},
-		{name: "mat_id number", body: v2(dev(h1, KindMachine, set("mat_id", 42))), wantErr: "machines[0].mat_id: cannot unmarshal number into string"},
-		{name: "unknown device_kind", body: v2(dev(h1, "gpu")), wantErr: `machines[0] (mat_id ` + h1 + `).device_kind: unknown device kind "gpu"`},
-		{name: "device_kind wrong case", body: v2(dev(h1, "Machine")), wantErr: `unknown device kind "Machine"`},
-		{name: "device_kind number", body: v2(dev(h1, KindMachine, set("device_kind", 1))), wantErr: "device_kind: cannot unmarshal number into string"},
-		{name: "top-level dpu", body: v2(dev(d1, KindDPU)), wantErr: "machines[0] (mat_id " + d1 + ").device_kind: a dpu must be nested"},
-		{name: "nested machine", body: v2(dev(h1, KindMachine, dpus(dev(h2, KindMachine)))),
-			wantErr: "machines[0] (mat_id " + h1 + ").dpus[0] (mat_id " + h2 + `).device_kind: "machine" is not valid for a device nested`},
-		{name: "nested switch", body: v2(dev(h1, KindMachine, dpus(dev("sw", KindSwitch)))), wantErr: `"switch" is not valid for a device nested`},
-		{name: "dpus under switch", body: v2(dev("sw", KindSwitch, dpus(dev(d1, KindDPU)))), wantErr: "(mat_id sw).dpus: a switch cannot have dpus"},
-		{name: "dpus under legacy power shelf", body: legacy(legacyDev("ps", "delta_power_shelf", dpus(legacyDev(d1, "")))), wantErr: "(mat_id ps).dpus: a power_shelf cannot have dpus"},
-		{name: "dpus under dpu", body: v2(dev(h1, KindMachine, dpus(dev(d1, KindDPU, dpus(dev(d2, KindDPU)))))),
-			wantErr: "machines[0] (mat_id " + h1 + ").dpus[0] (mat_id " + d1 + ").dpus: a dpu cannot have dpus"},
-		{name: "dpus object", body: v2(dev(h1, KindMachine, set("dpus", obj{}))), wantErr: ".dpus: cannot unmarshal object into array"},
-		{name: "nested error names both", body: v2(dev(h1, KindMachine, dpus(dev(d1, KindDPU), dev(d2, KindDPU, setBMC("ip", "x"))))),
-			wantErr: "machines[0] (mat_id " + h1 + ").dpus[1] (mat_id " + d2 + `).bmc.ip: "x" is not an IPv4 address`},
-		{name: "string field as number", body: v2(dev(h1, KindMachine, set("api_state", 3))), wantErr: ").api_state: cannot unmarshal number into string"},
+		// Invalid devices: each is listed, the others are kept.
+		{name: "device null", body: obj{"machines": []any{nil}},
+			wantInvalid: []string{"machines[0]: device must be a JSON object, got null"}, wantKept: []string{}},
+		{name: "device number", body: obj{"machines": []any{1}},
+			wantInvalid: []string{"machines[0]: device must be a JSON object, got number"}, wantKept: []string{}},
+		{name: "mat_id missing", body: v2(dev(h1, KindMachine), dev("", KindMachine, del("mat_id"))),
+			wantInvalid: []string{"machines[1]: mat_id: missing"}, wantKept: []string{h1}},
+		{name: "mat_id empty", body: v2(dev("", KindMachine)),
+			wantInvalid: []string{"machines[0]: mat_id: empty"}, wantKept: []string{}},
+		{name: "mat_id number", body: v2(dev(h1, KindMachine, set("mat_id", 42))),
+			wantInvalid: []string{"machines[0]: mat_id: cannot unmarshal number into string"}, wantKept: []string{}},
+		{name: "unknown device_kind", body: v2(dev(h1, "gpu"), dev(h2, KindMachine)),
+			wantInvalid: []string{`machines[0] (mat_id ` + h1 + `): device_kind: unknown device kind "gpu"`}, wantKept: []string{h2}},
+		{name: "device_kind wrong case", body: v2(dev(h1, "Machine")),
+			wantInvalid: []string{`device_kind: unknown device kind "Machine"`}, wantKept: []string{}},
+		{name: "device_kind number", body: v2(dev(h1, KindMachine, set("device_kind", 1))),
+			wantInvalid: []string{"device_kind: cannot unmarshal number into string"}, wantKept: []string{}},
+		{name: "top-level dpu", body: v2(dev(d1, KindDPU)),
+			wantInvalid: []string{"machines[0] (mat_id " + d1 + "): device_kind: a dpu must be nested"}, wantKept: []string{}},
+		{name: "nested machine: the host stays", body: v2(dev(h1, KindMachine, dpus(dev(h2, KindMachine)))),
+			wantInvalid: []string{"machines[0].dpus[0] (mat_id " + h2 + `): device_kind: "machine" is not valid for a device nested`},
+			wantKept:    []string{h1}},
+		{name: "nested switch: the host stays", body: v2(dev(h1, KindMachine, dpus(dev("sw", KindSwitch), dev(d1, KindDPU)))),
+			wantInvalid: []string{`machines[0].dpus[0] (mat_id sw): device_kind: "switch" is not valid for a device nested`},
+			wantKept:    []string{h1, d1}},
+		{name: "dpus under switch: switch and its dpus", body: v2(dev("sw", KindSwitch, dpus(dev(d1, KindDPU)))),
+			wantInvalid: []string{"machines[0] (mat_id sw): dpus: a switch cannot have dpus (1 given)",
+				"machines[0].dpus[0] (mat_id " + d1 + "): host machines[0] is invalid"},
+			wantKept: []string{}},
+		{name: "dpus under legacy power shelf", body: legacy(legacyDev("ps", "delta_power_shelf", dpus(legacyDev(d1, "")))),
+			wantInvalid: []string{"machines[0] (mat_id ps): dpus: a power_shelf cannot have dpus",
+				"machines[0].dpus[0] (mat_id " + d1 + "): host machines[0] is invalid"},
+			wantKept: []string{}},
+		{name: "dpus under dpu: the dpu, not its dpus", body: v2(dev(h1, KindMachine, dpus(dev(d1, KindDPU, dpus(dev(d2, KindDPU)))))),
+			wantInvalid: []string{"machines[0].dpus[0] (mat_id " + d1 + "): dpus: a dpu cannot have dpus (1 given)"},
+			wantKept:    []string{h1}},
+		{name: "dpus object", body: v2(dev(h1, KindMachine, set("dpus", obj{}))),
+			wantInvalid: []string{"machines[0] (mat_id " + h1 + "): dpus: cannot unmarshal object into array"}, wantKept: []string{}},
+		{name: "invalid dpu: host and sibling stay", body: v2(dev(h1, KindMachine, dpus(dev(d1, KindDPU), dev(d2, KindDPU, setBMC("ip", "x"))))),
+			wantInvalid: []string{"machines[0].dpus[1] (mat_id " + d2 + `): bmc.ip: "x" is not an IPv4 address`},
+			wantKept:    []string{h1, d1}},
+		{name: "invalid host: its dpus are listed, with their own faults", body: v2(
+			dev(h1, KindMachine, setBMC("ip", "x"), dpus(dev(d1, KindDPU), dev(d2, KindDPU, setBMC("redfish", ep(0, 1266))))),
+			dev(h2, KindMachine)),
+			wantInvalid: []string{"machines[0] (mat_id " + h1 + `): bmc.ip: "x" is not an IPv4 address`,
+				"machines[0].dpus[0] (mat_id " + d1 + "): host machines[0] is invalid",
+				"machines[0].dpus[1] (mat_id " + d2 + "): bmc.redfish.reachable_port: 0 is out of range"},
+			wantKept: []string{h2}},
+		{name: "host without mat_id: its dpus are listed", body: v2(dev("", KindMachine, dpus(dev(d1, KindDPU)))),
+			wantInvalid: []string{"machines[0]: mat_id: empty", "machines[0].dpus[0] (mat_id " + d1 + "): host machines[0] is invalid"},
+			wantKept:    []string{}},
+		{name: "dpu null", body: v2(dev(h1, KindMachine, dpus(dev(d1, KindDPU))), dev(h2, KindMachine, set("dpus", []any{nil}))),
+			wantInvalid: []string{"machines[1].dpus[0]: device must be a JSON object, got null"}, wantKept: []string{h1, d1, h2}},
+		{name: "string field as number", body: v2(dev(h1, KindMachine, set("api_state", 3))),
+			wantInvalid: []string{"): api_state: cannot unmarshal number into string"}, wantKept: []string{}},
 
 		// BMC and ports.
-		{name: "bmc missing", body: legacy(legacyDev(h1, "", del("bmc"))), wantErr: ").bmc: missing"},
-		{name: "bmc null", body: v2(dev(h1, KindMachine, set("bmc", nil))), wantErr: ").bmc: missing"},
-		{name: "bmc string", body: v2(dev(h1, KindMachine, set("bmc", "10.0.0.1"))), wantErr: ").bmc: cannot unmarshal string into object"},
-		{name: "redfish missing", body: v2(dev(h1, KindMachine, set("bmc", obj{"ip": "10.0.0.1"}))), wantErr: ").bmc.redfish: missing"},
-		{name: "redfish array", body: v2(dev(h1, KindMachine, setBMC("redfish", []any{443, 1266}))), wantErr: ").bmc.redfish: cannot unmarshal array into object"},
-		{name: "port zero", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(0, 1266)))), wantErr: ").bmc.redfish.reachable_port: 0 is out of range"},
-		{name: "port negative", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(443, -1)))), wantErr: ").bmc.redfish.listen_port: -1 is out of range"},
-		{name: "port 65536", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(443, 65536)))), wantErr: ").bmc.redfish.listen_port: 65536 is out of range"},
-		{name: "port huge", body: `{"machines":[{"mat_id":"a","bmc":{"redfish":{"reachable_port":443,"listen_port":99999999999999999999999}}}]}`, wantErr: "listen_port: 99999999999999999999999 is out of range"},
-		{name: "port fraction", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(443, 1266.5)))), wantErr: ").bmc.redfish.listen_port: 1266.5 is not an integer"},
-		{name: "port missing", body: v2(dev(h1, KindMachine, setBMC("redfish", obj{"reachable_port": 443}))), wantErr: ").bmc.redfish.listen_port: missing"},
-		{name: "port bool", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(true, 1266)))), wantErr: "reachable_port: cannot unmarshal bool into uint16"},
-		{name: "ipmi port out of range", body: v2(dev(h1, KindMachine, setBMC("ipmi", ep(623, 70000)))), wantErr: ").bmc.ipmi.listen_port: 70000 is out of range"},
-		{name: "ssh port as string", body: v2(dev(h1, KindMachine, setBMC("ssh", ep("22", 22)))), wantErr: ").bmc.ssh.reachable_port: cannot unmarshal string into uint16"},
-		{name: "ipmi not object", body: v2(dev(h1, KindMachine, setBMC("ipmi", 623))), wantErr: ").bmc.ipmi: cannot unmarshal number into object"},
+		{name: "bmc missing", body: legacy(legacyDev(h1, "", del("bmc"))), wantInvalid: []string{"): bmc: missing"}, wantKept: []string{}},
+		{name: "bmc null", body: v2(dev(h1, KindMachine, set("bmc", nil))), wantInvalid: []string{"): bmc: missing"}, wantKept: []string{}},
+		{name: "bmc string", body: v2(dev(h1, KindMachine, set("bmc", "10.0.0.1"))), wantInvalid: []string{"): bmc: cannot unmarshal string into object"}, wantKept: []string{}},
+		{name: "redfish missing", body: v2(dev(h1, KindMachine, set("bmc", obj{"ip": "10.0.0.1"}))), wantInvalid: []string{"): bmc.redfish: missing"}, wantKept: []string{}},
+		{name: "redfish array", body: v2(dev(h1, KindMachine, setBMC("redfish", []any{443, 1266}))), wantInvalid: []string{"): bmc.redfish: cannot unmarshal array into object"}, wantKept: []string{}},
+		{name: "port zero", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(0, 1266)))), wantInvalid: []string{"): bmc.redfish.reachable_port: 0 is out of range"}, wantKept: []string{}},
+		{name: "port negative", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(443, -1)))), wantInvalid: []string{"): bmc.redfish.listen_port: -1 is out of range"}, wantKept: []string{}},
+		{name: "port 65536", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(443, 65536)))), wantInvalid: []string{"): bmc.redfish.listen_port: 65536 is out of range"}, wantKept: []string{}},
+		{name: "port huge", body: `{"machines":[{"mat_id":"a","bmc":{"redfish":{"reachable_port":443,"listen_port":99999999999999999999999}}}]}`,
+			wantInvalid: []string{"machines[0] (mat_id a): bmc.redfish.listen_port: 99999999999999999999999 is out of range"}, wantKept: []string{}},
+		{name: "port fraction", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(443, 1266.5)))), wantInvalid: []string{"): bmc.redfish.listen_port: 1266.5 is not an integer"}, wantKept: []string{}},
+		{name: "port missing", body: v2(dev(h1, KindMachine, setBMC("redfish", obj{"reachable_port": 443}))), wantInvalid: []string{"): bmc.redfish.listen_port: missing"}, wantKept: []string{}},
+		{name: "port bool", body: v2(dev(h1, KindMachine, setBMC("redfish", ep(true, 1266)))), wantInvalid: []string{"reachable_port: cannot unmarshal bool into uint16"}, wantKept: []string{}},
+		{name: "ipmi port out of range", body: v2(dev(h1, KindMachine, setBMC("ipmi", ep(623, 70000)))), wantInvalid: []string{"): bmc.ipmi.listen_port: 70000 is out of range"}, wantKept: []string{}},
+		{name: "ssh port as string", body: v2(dev(h1, KindMachine, setBMC("ssh", ep("22", 22)))), wantInvalid: []string{"): bmc.ssh.reachable_port: cannot unmarshal string into uint16"}, wantKept: []string{}},
+		{name: "ipmi not object", body: v2(dev(h1, KindMachine, setBMC("ipmi", 623))), wantInvalid: []string{"): bmc.ipmi: cannot unmarshal number into object"}, wantKept: []string{}},
 
 		// Addresses.
-		{name: "bmc ip v6", body: v2(dev(h1, KindMachine, setBMC("ip", "fd00::1"))), wantErr: `).bmc.ip: "fd00::1" is not an IPv4 address`},
-		{name: "bmc ip v4-mapped", body: v2(dev(h1, KindMachine, setBMC("ip", "::ffff:10.0.0.1"))), wantErr: "is not an IPv4 address"},
-		{name: "bmc ip hostname", body: v2(dev(h1, KindMachine, setBMC("ip", "bmc.local"))), wantErr: "is not an IPv4 address"},
-		{name: "bmc ip with space", body: v2(dev(h1, KindMachine, setBMC("ip", "10.0.0.1 "))), wantErr: "is not an IPv4 address"},
-		{name: "bmc ip leading zeros", body: v2(dev(h1, KindMachine, setBMC("ip", "010.0.0.1"))), wantErr: "is not an IPv4 address"},
-		{name: "bmc ip cidr", body: v2(dev(h1, KindMachine, setBMC("ip", "10.0.0.1/24"))), wantErr: "is not an IPv4 address"},
-		{name: "bmc ip number", body: v2(dev(h1, KindMachine, setBMC("ip", 167772161))), wantErr: ").bmc.ip: cannot unmarshal number into string"},
-		{name: "machine_ip invalid", body: v2(dev(h1, KindMachine, set("machine_ip", "10.100.0.300"))), wantErr: `).machine_ip: "10.100.0.300" is not an IPv4 address`},
-		{name: "nvos_ip invalid", body: v2(dev("sw", KindSwitch, set("nvos_ip", "fe80::1%eth0"))), wantErr: ").nvos_ip:"},
+		{name: "bmc ip v6", body: v2(dev(h1, KindMachine, setBMC("ip", "fd00::1"))), wantInvalid: []string{`): bmc.ip: "fd00::1" is not an IPv4 address`}, wantKept: []string{}},
+		{name: "bmc ip v4-mapped", body: v2(dev(h1, KindMachine, setBMC("ip", "::ffff:10.0.0.1"))), wantInvalid: []string{"is not an IPv4 address"}, wantKept: []string{}},
+		{name: "bmc ip hostname", body: v2(dev(h1, KindMachine, setBMC("ip", "bmc.local"))), wantInvalid: []string{"is not an IPv4 address"}, wantKept: []string{}},
+		{name: "bmc ip with space", body: v2(dev(h1, KindMachine, setBMC("ip", "10.0.0.1 "))), wantInvalid: []string{"is not an IPv4 address"}, wantKept: []string{}},
+		{name: "bmc ip leading zeros", body: v2(dev(h1, KindMachine, setBMC("ip", "010.0.0.1"))), wantInvalid: []string{"is not an IPv4 address"}, wantKept: []string{}},
+		{name: "bmc ip cidr", body: v2(dev(h1, KindMachine, setBMC("ip", "10.0.0.1/24"))), wantInvalid: []string{"is not an IPv4 address"}, wantKept: []string{}},
+		{name: "bmc ip number", body: v2(dev(h1, KindMachine, setBMC("ip", 167772161))), wantInvalid: []string{"): bmc.ip: cannot unmarshal number into string"}, wantKept: []string{}},
+		{name: "machine_ip invalid", body: v2(dev(h1, KindMachine, set("machine_ip", "10.100.0.300"))), wantInvalid: []string{`): machine_ip: "10.100.0.300" is not an IPv4 address`}, wantKept: []string{}},
+		{name: "nvos_ip invalid", body: v2(dev("sw", KindSwitch, set("nvos_ip", "fe80::1%eth0"))), wantInvalid: []string{"): nvos_ip:"}, wantKept: []string{}},
 
-		// Duplicates.
+		// Duplicates: every device carrying the mat_id is invalid.
 		{name: "duplicate host and dpu", body: v2(dev(h1, KindMachine), dev(h2, KindMachine, dpus(dev(h1, KindDPU)))),
-			wantErr: "machines[1] (mat_id " + h2 + ").dpus[0] (mat_id " + h1 + ").mat_id: duplicate mat_id, also at machines[0]"},
+			wantInvalid: []string{"machines[0] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[1].dpus[0]",
+				"machines[1].dpus[0] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[0]"},
+			wantKept: []string{h2}},
 		{name: "duplicate across hosts' dpus", body: v2(dev(h1, KindMachine, dpus(dev(d1, KindDPU))), dev(h2, KindMachine, dpus(dev(d1, KindDPU)))),
-			wantErr: "duplicate mat_id, also at machines[0] (mat_id " + h1 + ").dpus[0]"},
-		{name: "duplicate within legacy", body: legacy(legacyDev(h1, ""), legacyDev(h1, "")), wantErr: "machines[1] (mat_id " + h1 + ").mat_id: duplicate mat_id, also at machines[0]"},
+			wantInvalid: []string{"machines[0].dpus[0] (mat_id " + d1 + "): mat_id: duplicate mat_id, also at machines[1].dpus[0]",
+				"machines[1].dpus[0] (mat_id " + d1 + "): mat_id: duplicate mat_id, also at machines[0].dpus[0]"},
+			wantKept: []string{h1, h2}},
+		{name: "duplicate within legacy", body: legacy(legacyDev(h1, ""), legacyDev(h1, "")),
+			wantInvalid: []string{"machines[0] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[1]",
+				"machines[1] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[0]"},
+			wantKept: []string{}},
+		{name: "three times", body: v2(dev(h1, KindMachine), dev(h1, KindMachine), dev(h2, KindMachine), dev(h1, KindMachine)),
+			wantInvalid: []string{"machines[0] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[1], machines[3]",
+				"machines[1] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[0], machines[3]",
+				"machines[3] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[0], machines[1]"},
+			wantKept: []string{h2}},
+		{name: "duplicate of a device with its own fault", body: v2(dev(h1, KindMachine, setBMC("ip", "x")), dev(h1, KindMachine)),
+			wantInvalid: []string{"machines[0] (mat_id " + h1 + `): bmc.ip: "x" is not an IPv4 address`,
+				"machines[1] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[0]"},
+			wantKept: []string{}},
+		{name: "duplicate host keeps its dpus out", body: v2(dev(h1, KindMachine, dpus(dev(d1, KindDPU))), dev(h1, KindSwitch)),
+			wantInvalid: []string{"machines[0] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[1]",
+				"machines[0].dpus[0] (mat_id " + d1 + "): host machines[0] is invalid",
+				"machines[1] (mat_id " + h1 + "): mat_id: duplicate mat_id, also at machines[0]"},
+			wantKept: []string{}},
 
 		// InfiniBand.
-		{name: "ib ports object", body: v2(dev(h1, KindMachine, set("infiniband_ports", obj{}))), wantErr: ").infiniband_ports: cannot unmarshal object into array"},
-		{name: "ib port without guid", body: v2(dev(h1, KindMachine, set("infiniband_ports", []any{obj{"state": "active"}}))), wantErr: ").infiniband_ports[0].guid: missing"},
-		{name: "ib port guid number", body: v2(dev(h1, KindMachine, set("infiniband_ports", []any{obj{"guid": 5}}))), wantErr: ").infiniband_ports[0].guid: cannot unmarshal number"},
+		{name: "ib ports object", body: v2(dev(h1, KindMachine, set("infiniband_ports", obj{}))), wantInvalid: []string{"): infiniband_ports: cannot unmarshal object into array"}, wantKept: []string{}},
+		{name: "ib port without guid", body: v2(dev(h1, KindMachine, set("infiniband_ports", []any{obj{"state": "active"}}))), wantInvalid: []string{"): infiniband_ports[0].guid: missing"}, wantKept: []string{}},
+		{name: "ib port guid number", body: v2(dev(h1, KindMachine, set("infiniband_ports", []any{obj{"guid": 5}}))), wantInvalid: []string{"): infiniband_ports[0].guid: cannot unmarshal number"}, wantKept: []string{}},
 	}
+	// neighbour is the valid device appended to every obj body with
+	// wantInvalid: it must survive its neighbours' faults.
+	const neighbour = "ffffffff-0000-4000-8000-00000000000f"
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var body []byte
-			if s, ok := tt.body.(string); ok {
-				body = []byte(s)
-			} else {
-				body = marshal(t, tt.body)
+			switch b := tt.body.(type) {
+			case string:
+				body = []byte(b)
+			case obj:
+				if tt.wantInvalid != nil {
+					b["machines"] = append(b["machines"].([]any), legacyDev(neighbour, ""))
+				}
+				body = marshal(t, b)
 			}
 			st, err := Decode(body)
 			if tt.wantErr != "" {
@@ -599,6 +764,26 @@ func TestDecodeInline(t *testing.T) {
 			}
 			if err := st.Validate(); err != nil {
 				t.Errorf("Validate: %v", err)
+			}
+			if len(st.Invalid) != len(tt.wantInvalid) {
+				t.Errorf("invalid %v, want %d entries %q", st.Invalid, len(tt.wantInvalid), tt.wantInvalid)
+			} else {
+				for i, w := range tt.wantInvalid {
+					if got := st.Invalid[i].String(); !strings.Contains(got, w) {
+						t.Errorf("invalid[%d] = %q\nwant it to contain %q", i, got, w)
+					}
+				}
+			}
+			if tt.wantInvalid != nil {
+				var kept []string
+				st.Walk(func(d, _ *Device) { kept = append(kept, d.MatID) })
+				want := tt.wantKept
+				if _, isObj := tt.body.(obj); isObj {
+					want = append(slices.Clone(want), neighbour)
+				}
+				if !slices.Equal(kept, want) {
+					t.Errorf("kept %q, want %q", kept, want)
+				}
 			}
 			if tt.check != nil {
 				tt.check(t, st)
@@ -647,9 +832,33 @@ func TestValidateCatchesBrokenStatus(t *testing.T) {
 		{"zero port", func(st *Status) { st.Machines[1].BMC.IPMI.ListenPort = 0 }, "bmc.ipmi.listen_port"},
 		{"bad ip", func(st *Status) { st.Machines[4].BMC.IP = "10.0.0.01" }, "bmc.ip"},
 		{"v6 nvos", func(st *Status) { st.Machines[3].NvosIP = "::1" }, "nvos_ip"},
+		{"invalid entry with a bad path", func(st *Status) {
+			st.Invalid = []InvalidDevice{{Path: "hosts[0]", Reason: "x"}}
+		}, `invalid[0].path: "hosts[0]" is not`},
+		{"invalid entry nested twice", func(st *Status) {
+			st.Invalid = []InvalidDevice{{Path: "machines[0].dpus[0].dpus[0]", Reason: "x"}}
+		}, "invalid[0].path"},
+		{"invalid entry with a leading zero", func(st *Status) {
+			st.Invalid = []InvalidDevice{{Path: "machines[01]", Reason: "x"}}
+		}, "invalid[0].path"},
+		{"invalid entry without reason", func(st *Status) {
+			st.Invalid = []InvalidDevice{{Path: "machines[9]"}}
+		}, "invalid[0].reason: empty"},
+		{"invalid entries out of body order", func(st *Status) {
+			st.Invalid = []InvalidDevice{{Path: "machines[9].dpus[0]", Reason: "x"}, {Path: "machines[9]", Reason: "y"}}
+		}, "invalid[1].path: machines[9] is not after machines[9].dpus[0]"},
+		{"invalid entry with a valid device's mat_id", func(st *Status) {
+			st.Invalid = []InvalidDevice{{Path: "machines[9]", MatID: st.Machines[0].MatID, Reason: "x"}}
+		}, "is also the mat_id of the valid device at machines[0]"},
 	}
 	if err := good().Validate(); err != nil {
 		t.Fatalf("good status: %v", err)
+	}
+	ok := good()
+	ok.Invalid = []InvalidDevice{{Path: "machines[9]", Reason: "x"}, {Path: "machines[9].dpus[0]", MatID: "m", Reason: "y"},
+		{Path: "machines[10]", MatID: "m", Reason: "z"}}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("status with well-formed Invalid entries: %v", err)
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,5 +1,7 @@
 package matclient
 
+import "strings"
+
 // Schema tells which shape of the MAT `GET /machines/status` body was decoded.
 type Schema int
 
@@ -26,16 +28,53 @@ const (
 )
 
 // Status is a decoded and validated MAT `GET /machines/status` body.
-// Machines holds the top-level devices in MAT's registry order; DPUs are
-// nested under their host. For SchemaLegacy, InventoryID, EpochID and
-// Generation are empty/zero.
+// Machines holds the valid top-level devices in MAT's registry order; DPUs
+// are nested under their host. Invalid lists the devices Decode left out,
+// in body order. For SchemaLegacy, InventoryID, EpochID and Generation are
+// empty/zero.
 type Status struct {
 	Schema      Schema
 	InventoryID string
 	EpochID     string
 	Generation  uint64
 	Machines    []Device
+	// Invalid are the devices of the body with an invalid field (or an
+	// invalid host, or a mat_id that occurs more than once), in body order
+	// (hosts before their DPUs); nil when there are none. None of them is
+	// in Machines, and no device in Machines has the MatID of one of them.
+	Invalid []InvalidDevice
 }
+
+// InvalidDevice is a device of the status body that Decode left out of
+// Status.Machines.
+type InvalidDevice struct {
+	// Path is the device's position in the body: "machines[3]" for a
+	// top-level device, "machines[3].dpus[0]" for a DPU.
+	Path string
+	// MatID is the device's mat_id, "" when it has no non-empty string
+	// mat_id.
+	MatID string
+	// Reason says what is wrong, starting with the field (relative to the
+	// device) where there is one, e.g. `bmc.ip: "x" is not an IPv4
+	// address`, "bmc.redfish.listen_port: 70000 is out of range 1..65535",
+	// "mat_id: duplicate mat_id, also at machines[0]", "device must be a
+	// JSON object, got null", or "host machines[3] is invalid" for a DPU
+	// without a fault of its own.
+	Reason string
+}
+
+// String returns "<path> (mat_id <id>): <reason>", without the mat_id part
+// when MatID is "".
+func (d InvalidDevice) String() string {
+	if d.MatID == "" {
+		return d.Path + ": " + d.Reason
+	}
+	return d.Path + " (mat_id " + d.MatID + "): " + d.Reason
+}
+
+// Nested reports whether the device sits under a host (Path has a
+// ".dpus[" part): it would be a DPU.
+func (d InvalidDevice) Nested() bool { return strings.Contains(d.Path, ".dpus[") }
 
 // Device is one simulated device (host, DPU, switch or power shelf) with its
 // mock BMC. Optional string fields are "" when MAT omitted them.

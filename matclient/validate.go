@@ -2,7 +2,9 @@ package matclient
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 )
 
 // Validate checks the invariants that Decode guarantees for every Status it
@@ -16,7 +18,11 @@ import (
 //   - top-level devices are machine, switch or power_shelf; nested ones are
 //     dpu, and only machines have nested devices;
 //   - every port is in 1..65535; BMC.IP, MachineIP and NvosIP are "" or a
-//     canonical IPv4 address.
+//     canonical IPv4 address;
+//   - every Invalid entry has a Path "machines[i]" or "machines[i].dpus[j]"
+//     and a non-empty Reason, the entries are in body order (strictly
+//     increasing positions, a host before its DPUs), and no device of
+//     Machines has the (non-empty) MatID of an Invalid entry.
 //
 // It returns a *DecodeError wrapping ErrInvalidStatus naming the first
 // violation, or nil.
@@ -91,7 +97,54 @@ func (s *Status) Validate() error {
 		}
 		return nil
 	}
-	return check(s.Machines, "machines", false)
+	if err := check(s.Machines, "machines", false); err != nil {
+		return err
+	}
+	var prev []int
+	for i, inv := range s.Invalid {
+		p := "invalid[" + strconv.Itoa(i) + "]"
+		pos, ok := devicePosition(inv.Path)
+		switch {
+		case !ok:
+			return invalid(p+".path", "%q is not machines[i] or machines[i].dpus[j]", inv.Path)
+		case inv.Reason == "":
+			return invalid(p+".reason", "empty")
+		case i > 0 && slices.Compare(prev, pos) >= 0:
+			return invalid(p+".path", "%s is not after %s in body order", inv.Path, s.Invalid[i-1].Path)
+		}
+		if at, dup := seen[inv.MatID]; dup && inv.MatID != "" {
+			return invalid(p+".mat_id", "%q is also the mat_id of the valid device at %s", inv.MatID, at)
+		}
+		prev = pos
+	}
+	return nil
+}
+
+// devicePosition parses "machines[i]" or "machines[i].dpus[j]" into [i]
+// or [i, j].
+func devicePosition(path string) ([]int, bool) {
+	rest, ok := strings.CutPrefix(path, "machines[")
+	if !ok {
+		return nil, false
+	}
+	var pos []int
+	for {
+		num, after, ok := strings.Cut(rest, "]")
+		if !ok || num == "" || len(num) > 1 && num[0] == '0' {
+			return nil, false
+		}
+		n, err := strconv.Atoi(num)
+		if err != nil || n < 0 {
+			return nil, false
+		}
+		pos = append(pos, n)
+		if after == "" {
+			return pos, true
+		}
+		if rest, ok = strings.CutPrefix(after, ".dpus["); !ok || len(pos) == 2 {
+			return nil, false
+		}
+	}
 }
 
 // Counts is the number of devices of each kind in a Status, and how many of
