@@ -1,0 +1,197 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		var out []time.Duration
+		for _, x := range v {
+			out = append(out, time.Duration(x)*time.Millisecond)
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		in   []time.Duration
+		p    float64
+		want time.Duration
+	}{
+		{"empty", nil, 50, 0},
+		{"one", ms(7), 99, 7 * time.Millisecond},
+		{"p50 of four is the second", ms(40, 10, 30, 20), 50, 20 * time.Millisecond},
+		{"p99 of 40 is the largest", ms(make40()...), 99, 40 * time.Millisecond},
+		{"p50 of 40 is the 20th", ms(make40()...), 50, 20 * time.Millisecond},
+		{"p100", ms(3, 1, 2), 100, 3 * time.Millisecond},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			in := append([]time.Duration(nil), tc.in...)
+			if got := percentile(tc.in, tc.p); got != tc.want {
+				t.Errorf("percentile(%v, %v) = %v, want %v", tc.in, tc.p, got, tc.want)
+			}
+			for i := range in {
+				if in[i] != tc.in[i] {
+					t.Fatalf("input modified: %v", tc.in)
+				}
+			}
+		})
+	}
+}
+
+func make40() []int {
+	out := make([]int, 40)
+	for i := range out {
+		out[i] = 40 - i
+	}
+	return out
+}
+
+const metricsText = `# HELP apiserver_request_total [STABLE] Counter of apiserver requests broken out for each verb, dry run value, group, version, resource, scope, component, and HTTP response code.
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="services",scope="namespace",subresource="",verb="LIST",version="v1"} 3
+apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="",verb="POST",version="v1"} 2000
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="",verb="POST",version="v1"} 5
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="status",verb="PUT",version="v1"} 1
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 1.5e+01
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1",odd="a\"b,c}\\"} 12
+apiserver_request_total_other{verb="GET"} 99
+apiserver_request_totals 7
+`
+
+func TestParseRequestTotal(t *testing.T) {
+	got, err := parseRequestTotal(metricsText)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := requestCounts{
+		"LIST services":       3,
+		"POST services":       2005,
+		"PUT services/status": 1,
+		"GET //metrics":       15,
+		"PUT leases":          12,
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%q = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+	if got.Total() != 2036 {
+		t.Errorf("Total = %v, want 2036", got.Total())
+	}
+	later := requestCounts{"LIST services": 4, "POST services": 2005, "WATCH services": 1}
+	d := later.Sub(got)
+	if d["LIST services"] != 1 || d["WATCH services"] != 1 || d["PUT leases"] != -12 || len(d) != 5 {
+		t.Errorf("Sub = %v", d)
+	}
+	if s := (requestCounts{"A x": 1, "B y": 3}).String(); s != "B y=3, A x=1" {
+		t.Errorf("String = %q", s)
+	}
+	if _, err := parseRequestTotal(`apiserver_request_total{verb="GET} 1`); err == nil {
+		t.Error("unterminated label value parsed")
+	}
+	if _, err := parseRequestTotal(`apiserver_request_total{verb="GET"} x`); err == nil {
+		t.Error("bad value parsed")
+	}
+}
+
+func TestParseHelpDefaults(t *testing.T) {
+	help := `Usage: matbus discovery [flags]
+
+Watch for MAT instances.
+
+Flags (each also read from the environment variable shown):
+  --leader-elect  [env MATBUS_LEADER_ELECT]
+      campaign for a Lease (needs the Kubernetes API) (default true)
+  --static  [env MATBUS_STATIC]
+      static instances: [namespace/]name=url
+  --sync-interval  [env SYNC_INTERVAL]
+      how often every instance gets a sync job (default 30s)
+`
+	got := parseHelpDefaults(help)
+	if got["sync-interval"] != "30s" || got["leader-elect"] != "true" {
+		t.Errorf("got %v", got)
+	}
+	if _, ok := got["static"]; ok {
+		t.Errorf("static has no default: %v", got)
+	}
+}
+
+func TestMemStatus(t *testing.T) {
+	st := "Name:\tmatbus\nVmPeak:\t 1 kB\nVmHWM:\t   51200 kB\nVmRSS:\t   40960 kB\nThreads:\t9\n"
+	rss, hwm, err := memStatus(st)
+	if err != nil || rss != 40<<20 || hwm != 50<<20 {
+		t.Errorf("memStatus = %d, %d, %v", rss, hwm, err)
+	}
+	if _, _, err := memStatus("Name:\tx\n"); err == nil {
+		t.Error("missing fields accepted")
+	}
+}
+
+func TestFleets(t *testing.T) {
+	if got := splitSizes(10, 3); got[0] != 4 || got[1] != 3 || got[2] != 3 {
+		t.Errorf("splitSizes(10, 3) = %v", got)
+	}
+	f, err := makeFleets(splitSizes(2003, 5), 40, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	seen := map[string]bool{}
+	for _, fl := range f.base {
+		names := serviceNames(fl.Machines)
+		total += len(names)
+		for _, n := range names {
+			if seen[n] {
+				t.Fatalf("duplicate Service name %s", n)
+			}
+			seen[n] = true
+		}
+	}
+	if total != 2003 {
+		t.Errorf("base fleets ask for %d Services, want 2003", total)
+	}
+	if n := len(serviceNames(f.grow)); n != growBMCs {
+		t.Errorf("grow asks for %d Services, want %d", n, growBMCs)
+	}
+	if len(f.extras) != 21 {
+		t.Errorf("%d extras, want 21", len(f.extras))
+	}
+	// 10,000 Services fit the service range.
+	if _, err := makeFleets(splitSizes(10000, 5), 40, 1); err != nil {
+		t.Errorf("10,000 Services: %v", err)
+	}
+	var ips ipBlocks
+	a, _ := ips.block(400)
+	b, _ := ips.block(101)
+	c, _ := ips.block(2)
+	if a != "10.100.0.0/23" || b != "10.100.2.0/25" || c != "10.100.2.128/30" {
+		t.Errorf("blocks %s %s %s", a, b, c)
+	}
+}
+
+func TestTable(t *testing.T) {
+	cfg, err := parseFlags([]string{"--services", "200", "--workers", "1,3", "--steady", "10s"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &result{Config: cfg, Defaults: map[string]map[string]string{"discovery": {"sync-interval": "30s"}},
+		Floor: &floorResult{Services: 200, Create: timed{Seconds: 2, Calls: 200}, Delete: timed{Seconds: 1, Calls: 200}},
+		Rounds: []*roundResult{
+			{Workers: 1, Converge: &phase{Seconds: 8, Count: 200}, Delete: &phase{Seconds: 4, Count: 200}},
+			{Workers: 3, Converge: &phase{TimedOut: true, Missing: 3, Count: 200}},
+		}}
+	out := r.table()
+	for _, want := range []string{"| 1 worker | 3 workers |", "| 8.00 (4.00×) | timeout (3 of 200 missing) |",
+		"| 4. delete rate | Services/s | 200 | 50.0 (0.25×) | — |", "discovery --sync-interval 30s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}

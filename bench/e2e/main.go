@@ -1,0 +1,391 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/matbus/matbus/kubelocal"
+)
+
+// config is the harness's command line.
+type config struct {
+	Services      int           `json:"services"`
+	Simulators    int           `json:"simulators"`
+	Workers       []int         `json:"workers"`
+	Reactions     int           `json:"reactions"`
+	Steady        time.Duration `json:"steady_ns"`
+	Idle          time.Duration `json:"idle_ns"`
+	Timeout       time.Duration `json:"timeout_ns"`
+	SyncInterval  time.Duration `json:"sync_interval_ns,omitempty"`
+	WorkerArgs    []string      `json:"worker_args,omitempty"`
+	DiscoveryArgs []string      `json:"discovery_args,omitempty"`
+	InFlight      int           `json:"floor_in_flight"`
+	Seed          int64         `json:"seed"`
+	Matbus        string        `json:"-"`
+	NATSServer    string        `json:"-"`
+	JSON          string        `json:"-"`
+	LogDir        string        `json:"-"`
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	fs := flag.NewFlagSet("e2e", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := &config{}
+	var workers, workerArgs, discoveryArgs string
+	fs.IntVar(&c.Services, "services", 2000, "BMC Services in total, spread over --simulators (each simulator serves services/simulators BMCs)")
+	fs.IntVar(&c.Simulators, "simulators", 5, "MAT simulators (instances), in-process over HTTPS")
+	fs.StringVar(&workers, "workers", "1,3", "worker counts, comma separated: the whole scenario runs once per count, each on a fresh namespace and nats-server")
+	fs.IntVar(&c.Reactions, "reactions", 40, "single-BMC changes of the reaction row (alternately add and remove)")
+	fs.DurationVar(&c.Steady, "steady", 60*time.Second, "steady window of the API-request and MAT-GET rows (nothing changes)")
+	fs.DurationVar(&c.Idle, "idle", 30*time.Second, "window in which the API server's own requests are counted with no matbus process running (the floor of the API-request row); 0 skips it")
+	fs.DurationVar(&c.Timeout, "timeout", 10*time.Minute, "bound of each wait; a wait that runs out prints \"timeout\" in its row")
+	fs.DurationVar(&c.SyncInterval, "sync-interval", 0, "pass --sync-interval to discovery (default: discovery's own default)")
+	fs.StringVar(&workerArgs, "worker-args", "", "extra flags for every `matbus worker`, space separated")
+	fs.StringVar(&discoveryArgs, "discovery-args", "", "extra flags for `matbus discovery`, space separated")
+	fs.IntVar(&c.InFlight, "floor-in-flight", 50, "calls in flight of the raw client-go floor")
+	fs.Int64Var(&c.Seed, "seed", 1, "seed of the fleets and of the reaction changes")
+	fs.StringVar(&c.Matbus, "matbus", "bin/matbus", "the matbus binary (make build)")
+	fs.StringVar(&c.NATSServer, "nats-server", "", "the nats-server binary (default: nats-server beside kube-apiserver, e.g. .bin/)")
+	fs.StringVar(&c.JSON, "json", "", "also write the table and the details as JSON to this file")
+	fs.StringVar(&c.LogDir, "log-dir", "", "keep the processes' logs in this folder (default: a temporary folder, removed)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if c.Workers, err = parseWorkers(workers); err != nil {
+		return nil, err
+	}
+	c.WorkerArgs, c.DiscoveryArgs = strings.Fields(workerArgs), strings.Fields(discoveryArgs)
+	switch {
+	case c.Simulators < 1:
+		return nil, errors.New("--simulators must be at least 1")
+	case c.Services < c.Simulators:
+		return nil, errors.New("--services must be at least --simulators")
+	case c.Reactions < 0 || c.InFlight < 1:
+		return nil, errors.New("--reactions must be >= 0 and --floor-in-flight >= 1")
+	case c.Steady <= 0 || c.Timeout <= 0 || c.Idle < 0:
+		return nil, errors.New("--steady and --timeout must be positive, --idle >= 0")
+	case c.SyncInterval < 0:
+		return nil, errors.New("--sync-interval must be positive")
+	}
+	return c, nil
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { // a second Ctrl-C ends the harness at once
+		<-ctx.Done()
+		stop()
+	}()
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/e2e:", err)
+		os.Exit(2)
+	}
+	if err := run(ctx, cfg, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/e2e:", err)
+		os.Exit(1)
+	}
+}
+
+// bench is one run: the shared API server, the admin client and what the
+// harness measured so far.
+type bench struct {
+	cfg     *config
+	stderr  io.Writer
+	start   time.Time
+	dir     string // process logs and NATS stores
+	cluster *kubelocal.Cluster
+	kube    kubernetes.Interface // admin, counted in reqs
+	raw     kubernetes.Interface // admin without a client-side rate limit (the floor)
+	reqs    atomic.Int64         // requests the harness itself sent to the API server
+	fleets  *fleets
+	result  *result
+}
+
+func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
+	b := &bench{cfg: cfg, stderr: stderr, start: time.Now()}
+	tmp, err := os.MkdirTemp("", "matbus-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	b.dir = tmp
+	if cfg.LogDir != "" {
+		if err := os.MkdirAll(cfg.LogDir, 0o755); err != nil {
+			return err
+		}
+		b.dir = cfg.LogDir
+	}
+	binDir, err := kubelocal.FindBinaries()
+	if err != nil {
+		return err
+	}
+	if cfg.NATSServer == "" {
+		cfg.NATSServer = filepath.Join(binDir, "nats-server")
+	}
+	for _, p := range []string{cfg.Matbus, cfg.NATSServer} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("%w (run `make tools build`)", err)
+		}
+	}
+	b.result = &result{Config: cfg, Machine: machine()}
+	if err := b.readDefaults(ctx); err != nil {
+		return err
+	}
+	if b.fleets, err = makeFleets(splitSizes(cfg.Services, cfg.Simulators), cfg.Reactions, cfg.Seed); err != nil {
+		return err
+	}
+
+	t := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	b.cluster, err = kubelocal.Start(sctx, kubelocal.Config{BinDir: binDir})
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer b.cluster.Stop()
+	b.logf("kube-apiserver + etcd ready at %s in %s", b.cluster.URL, since(t))
+	if err := b.clients(); err != nil {
+		return err
+	}
+
+	err = b.scenario(ctx)
+	table := b.result.table()
+	fmt.Fprint(stdout, table)
+	if cfg.JSON != "" {
+		b.result.Markdown = table
+		js, jerr := json.MarshalIndent(b.result, "", "  ")
+		if jerr == nil {
+			jerr = os.WriteFile(cfg.JSON, append(js, '\n'), 0o644)
+		}
+		err = errors.Join(err, jerr)
+	}
+	return err
+}
+
+// scenario measures the floor, the idle API server and then one round per
+// worker count. It stops early (without an error) when ctx ends.
+func (b *bench) scenario(ctx context.Context) error {
+	if err := b.floor(ctx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if b.cfg.Idle > 0 {
+		t := time.Now()
+		w, err := b.apiWindow(ctx, b.cfg.Idle, nil)
+		if err != nil {
+			return err
+		}
+		b.result.Idle = &w
+		b.logf("idle API server: %.1f requests/min over %s (%s)", w.PerMinute, since(t), w.Raw)
+	}
+	for _, n := range b.cfg.Workers {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		r := &roundResult{Workers: n}
+		b.result.Rounds = append(b.result.Rounds, r)
+		if err := b.round(ctx, r); err != nil {
+			return fmt.Errorf("%d worker(s): %w", n, err)
+		}
+	}
+	return context.Cause(ctx)
+}
+
+// countingTransport counts the harness's own API requests.
+type countingTransport struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.rt.RoundTrip(r)
+}
+
+func (b *bench) clients() error {
+	wrap := func(cfg *rest.Config) *rest.Config {
+		cfg.UserAgent = "matbus-bench-e2e"
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countingTransport{rt, &b.reqs} }
+		return cfg
+	}
+	cfg := wrap(b.cluster.RESTConfig())
+	cfg.QPS, cfg.Burst = 500, 1000
+	var err error
+	if b.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	raw := wrap(b.cluster.RESTConfig())
+	raw.QPS = -1 // no client-side rate limit
+	b.raw, err = kubernetes.NewForConfig(raw)
+	return err
+}
+
+// readDefaults reads the flag defaults of `matbus worker` and `matbus
+// discovery` from their --help, so the table says what it ran with.
+func (b *bench) readDefaults(ctx context.Context) error {
+	b.result.Defaults = map[string]map[string]string{}
+	for _, sub := range []string{"worker", "discovery"} {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		out, err := exec.CommandContext(cctx, b.cfg.Matbus, sub, "--help").CombinedOutput()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s %s --help: %w\n%s", b.cfg.Matbus, sub, err, out)
+		}
+		b.result.Defaults[sub] = parseHelpDefaults(string(out))
+	}
+	out, err := exec.CommandContext(ctx, b.cfg.Matbus, "version").Output()
+	if err == nil {
+		b.result.Version = strings.TrimSpace(string(out))
+	}
+	return nil
+}
+
+func (b *bench) floor(ctx context.Context) error {
+	ns := "bench-floor"
+	if err := b.createNamespace(ctx, ns); err != nil {
+		return err
+	}
+	defer b.cleanNamespace(ns)
+	svcs := floorServices(ns, b.fleets.base)
+	f := &floorResult{Services: len(svcs)}
+	b.result.Floor = f
+	cctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+	f.Create = floorCreate(cctx, b.raw, svcs, b.cfg.InFlight)
+	cancel()
+	b.logf("floor: %d raw creates, %d in flight: %.2fs (%d failed)", len(svcs), b.cfg.InFlight, f.Create.Seconds, f.Create.Failed)
+	if ctx.Err() != nil {
+		return nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight)
+	cancel()
+	b.logf("floor: %d raw deletes, %d in flight: %.2fs (%d failed)", len(svcs), b.cfg.InFlight, f.Delete.Seconds, f.Delete.Failed)
+	return nil
+}
+
+func (b *bench) createNamespace(ctx context.Context, ns string) error {
+	_, err := b.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("create namespace %s: %w", ns, err)
+	}
+	return nil
+}
+
+// cleanNamespace deletes every Service left in ns (no controller-manager
+// runs to empty a terminating namespace, and the cluster IPs must be free
+// for the next round), then ns. It gives up after two minutes.
+func (b *bench) cleanNamespace(ns string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	svcs := b.raw.CoreV1().Services(ns)
+	for ctx.Err() == nil {
+		list, err := svcs.List(ctx, metav1.ListOptions{})
+		if err == nil && len(list.Items) == 0 {
+			break
+		}
+		if err == nil {
+			items := make([]*corev1.Service, len(list.Items))
+			for i := range list.Items {
+				items[i] = &list.Items[i]
+			}
+			floorDelete(ctx, b.raw, items, b.cfg.InFlight)
+			continue
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if ctx.Err() != nil {
+		b.logf("cleanup: Services of %s not all gone", ns)
+	}
+	if err := b.kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		b.logf("cleanup: delete namespace %s: %v", ns, err)
+	}
+}
+
+// apiWindow counts the API server's requests over d: the difference of
+// apiserver_request_total between two scrapes, less the requests the
+// harness itself sent in between (the first scrape among them). during,
+// if not nil, is called right after the first scrape and again right
+// before the second with false.
+func (b *bench) apiWindow(ctx context.Context, d time.Duration, during func(start bool)) (apiWindow, error) {
+	before := b.reqs.Load()
+	c1, err := b.scrape(ctx)
+	if err != nil {
+		return apiWindow{}, err
+	}
+	t1 := time.Now()
+	if during != nil {
+		during(true)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+	if during != nil {
+		during(false)
+	}
+	own := b.reqs.Load() - before
+	elapsed := time.Since(t1)
+	c2, err := b.scrape(context.WithoutCancel(ctx))
+	if err != nil {
+		return apiWindow{}, err
+	}
+	raw := c2.Sub(c1)
+	w := apiWindow{Seconds: elapsed.Seconds(), Raw: raw, Harness: own, Interrupted: ctx.Err() != nil}
+	w.PerMinute = (raw.Total() - float64(own)) / elapsed.Minutes()
+	return w, nil
+}
+
+func (b *bench) scrape(ctx context.Context) (requestCounts, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	body, err := b.kube.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("scrape kube-apiserver /metrics: %w", err)
+	}
+	return parseRequestTotal(string(body))
+}
+
+func (b *bench) logf(format string, args ...any) {
+	fmt.Fprintf(b.stderr, "[%7s] %s\n", since(b.start), fmt.Sprintf(format, args...))
+}
+
+func since(t time.Time) string { return time.Since(t).Round(100 * time.Millisecond).String() }
+
+// machine describes where the run happened.
+func machine() string {
+	return fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version())
+}

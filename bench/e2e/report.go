@@ -1,0 +1,328 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+// result is everything one run measured; it is what --json writes.
+type result struct {
+	Config   *config                      `json:"config"`
+	Machine  string                       `json:"machine"`
+	Version  string                       `json:"matbus_version"`
+	Defaults map[string]map[string]string `json:"defaults"` // subcommand → flag → default, from --help
+	Floor    *floorResult                 `json:"floor,omitempty"`
+	Idle     *apiWindow                   `json:"idle_api_server,omitempty"`
+	Rounds   []*roundResult               `json:"rounds"`
+	Rows     []tableRow                   `json:"rows"`
+	Markdown string                       `json:"markdown"`
+}
+
+// floorResult is the raw client-go floor: creates and deletes of the same
+// Services, InFlight calls at once, no client-side rate limit.
+type floorResult struct {
+	Services int   `json:"services"`
+	Create   timed `json:"create"`
+	Delete   timed `json:"delete"`
+}
+
+// apiWindow is the API server's request count over a window.
+type apiWindow struct {
+	Seconds     float64       `json:"seconds"`
+	PerMinute   float64       `json:"per_minute"` // (Raw total − Harness) per minute
+	Raw         requestCounts `json:"raw"`        // apiserver_request_total delta by "VERB resource"
+	Harness     int64         `json:"harness"`    // the harness's own requests in the window
+	Interrupted bool          `json:"interrupted,omitempty"`
+}
+
+// phase is one timed change: from the change to the watch event that
+// completed it.
+type phase struct {
+	Seconds  float64 `json:"seconds"`
+	Count    int     `json:"services"`
+	TimedOut bool    `json:"timed_out,omitempty"`
+	Missing  int     `json:"missing,omitempty"`
+}
+
+// reactions are the single-BMC change latencies (seconds).
+type reactions struct {
+	Changes int       `json:"changes"`
+	Seen    int       `json:"seen"`
+	P50     float64   `json:"p50_seconds"`
+	P99     float64   `json:"p99_seconds"`
+	Seconds []float64 `json:"seconds"`
+}
+
+// roundResult is one scenario run with Workers worker processes.
+type roundResult struct {
+	Workers               int        `json:"workers"`
+	Services              int        `json:"services"`
+	Converge              *phase     `json:"converge,omitempty"`
+	Grow                  *phase     `json:"grow,omitempty"`
+	Shrink                *phase     `json:"shrink,omitempty"`
+	Delete                *phase     `json:"delete,omitempty"`
+	Reactions             *reactions `json:"reactions,omitempty"`
+	API                   *apiWindow `json:"steady_api,omitempty"`
+	MATGetsPerInstanceMin float64    `json:"mat_gets_per_instance_per_minute"`
+	NewConnsPerInstance   float64    `json:"new_connections_per_instance"`
+	WorkerRSS             int64      `json:"worker_rss_bytes"`
+	WorkerHWM             int64      `json:"worker_hwm_bytes"`
+	Notes                 []string   `json:"notes,omitempty"`
+}
+
+// tableRow is one row of the table: a floor (when one applies) and a cell
+// per worker count.
+type tableRow struct {
+	Measure string      `json:"measure"`
+	Unit    string      `json:"unit"`
+	Floor   *float64    `json:"floor,omitempty"`
+	Cells   []tableCell `json:"cells"`
+}
+
+// tableCell is a row's value for one worker count; Value is nil when the
+// wait timed out or the phase did not run, and Ratio is Value ÷ Floor.
+type tableCell struct {
+	Workers int      `json:"workers"`
+	Value   *float64 `json:"value"`
+	Ratio   *float64 `json:"ratio,omitempty"`
+	Note    string   `json:"note,omitempty"`
+}
+
+func ptr(v float64) *float64 { return &v }
+
+// cellOf turns a phase into a value or a timeout note.
+func cellOf(p *phase, value func(*phase) float64) (*float64, string) {
+	switch {
+	case p == nil:
+		return nil, ""
+	case p.TimedOut:
+		return nil, fmt.Sprintf("timeout (%d of %d missing)", p.Missing, p.Count)
+	}
+	return ptr(value(p)), ""
+}
+
+func secs(p *phase) float64 { return p.Seconds }
+
+// rows builds the table rows from the rounds.
+func (r *result) rows() []tableRow {
+	type def struct {
+		measure, unit string
+		floor         *float64
+		cell          func(*roundResult) (*float64, string)
+	}
+	var fCreate, fDelete, fRate, fIdle *float64
+	if f := r.Floor; f != nil {
+		if !f.Create.TimedOut && f.Create.Failed == 0 {
+			fCreate = ptr(f.Create.Seconds)
+		}
+		if !f.Delete.TimedOut && f.Delete.Failed == 0 && f.Delete.Seconds > 0 {
+			fDelete, fRate = ptr(f.Delete.Seconds), ptr(float64(f.Services)/f.Delete.Seconds)
+		}
+	}
+	if r.Idle != nil {
+		fIdle = ptr(r.Idle.PerMinute)
+	}
+	n := r.Config.Services
+	k := r.Config.Reactions
+	steady := r.Config.Steady.String()
+	defs := []def{
+		{fmt.Sprintf("1. converge from empty, %d Services", n), "s", fCreate,
+			func(x *roundResult) (*float64, string) { return cellOf(x.Converge, secs) }},
+		{fmt.Sprintf("2. grow: one instance +%d BMCs", growBMCs), "s", nil,
+			func(x *roundResult) (*float64, string) { return cellOf(x.Grow, secs) }},
+		{fmt.Sprintf("3. shrink: one instance −%d BMCs", growBMCs), "s", nil,
+			func(x *roundResult) (*float64, string) { return cellOf(x.Shrink, secs) }},
+		{fmt.Sprintf("4. delete fan-out, %d Services", n), "s", fDelete,
+			func(x *roundResult) (*float64, string) { return cellOf(x.Delete, secs) }},
+		{"4. delete rate", "Services/s", fRate,
+			func(x *roundResult) (*float64, string) {
+				return cellOf(x.Delete, func(p *phase) float64 { return float64(p.Count) / max(p.Seconds, 1e-9) })
+			}},
+		{fmt.Sprintf("5. reaction p50, %d single-BMC changes", k), "s", nil,
+			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, 50) }},
+		{"5. reaction p99", "s", nil,
+			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, 99) }},
+		{"6. API requests per steady minute", "req/min", fIdle,
+			func(x *roundResult) (*float64, string) {
+				if x.API == nil {
+					return nil, ""
+				}
+				return ptr(x.API.PerMinute), ""
+			}},
+		{"7. MAT GETs per instance per minute", "GET/min", nil,
+			func(x *roundResult) (*float64, string) {
+				if x.API == nil {
+					return nil, ""
+				}
+				return ptr(x.MATGetsPerInstanceMin), ""
+			}},
+		{"7. new TCP connections per instance in " + steady, "conns", nil,
+			func(x *roundResult) (*float64, string) {
+				if x.API == nil {
+					return nil, ""
+				}
+				return ptr(x.NewConnsPerInstance), ""
+			}},
+		{"8. worker VmRSS after the run, max", "MiB", nil,
+			func(x *roundResult) (*float64, string) { return memCell(x.WorkerRSS) }},
+		{"8. worker VmHWM (peak RSS), max", "MiB", nil,
+			func(x *roundResult) (*float64, string) { return memCell(x.WorkerHWM) }},
+	}
+	var rows []tableRow
+	for _, d := range defs {
+		row := tableRow{Measure: d.measure, Unit: d.unit, Floor: d.floor}
+		for _, rr := range r.Rounds {
+			v, note := d.cell(rr)
+			c := tableCell{Workers: rr.Workers, Value: v, Note: note}
+			if v != nil && d.floor != nil && *d.floor > 0 {
+				c.Ratio = ptr(*v / *d.floor)
+			}
+			row.Cells = append(row.Cells, c)
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+func reactionCell(r *reactions, p int) (*float64, string) {
+	if r == nil {
+		return nil, ""
+	}
+	note := ""
+	if r.Seen < r.Changes {
+		note = fmt.Sprintf("timeout (%d of %d seen)", r.Seen, r.Changes)
+	}
+	if r.Seen == 0 {
+		return nil, note
+	}
+	v := r.P50
+	if p == 99 {
+		v = r.P99
+	}
+	return ptr(v), note
+}
+
+func memCell(b int64) (*float64, string) {
+	if b == 0 {
+		return nil, ""
+	}
+	return ptr(mib(b)), ""
+}
+
+// num formats a measurement with about three significant digits.
+func num(v float64) string {
+	switch a := max(v, -v); {
+	case a >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case a >= 10:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.2f", v)
+	}
+}
+
+// table renders the run as markdown: a heading, what ran, the rows and
+// notes. It also stores the rows in r.Rows.
+func (r *result) table() string {
+	r.Rows = r.rows()
+	c := r.Config
+	var b strings.Builder
+	sizes := splitSizes(c.Services, c.Simulators)
+	fmt.Fprintf(&b, "## matbus end to end: %d Services, %d simulators × %d BMCs\n\n", c.Services, c.Simulators, sizes[0])
+	host, _ := os.Hostname()
+	fmt.Fprintf(&b, "- machine: %s (%s); %s\n", r.Machine, host, r.Version)
+	fmt.Fprintf(&b, "- matbus defaults: %s\n", r.defaultsLine())
+	if len(c.WorkerArgs) > 0 || len(c.DiscoveryArgs) > 0 {
+		fmt.Fprintf(&b, "- extra flags: worker %q, discovery %q\n", strings.Join(c.WorkerArgs, " "), strings.Join(c.DiscoveryArgs, " "))
+	}
+	fmt.Fprintf(&b, "- floor: raw client-go on the same API server, %d calls in flight, no client-side rate limit; "+
+		"row 6's floor is the API server with no matbus process running; ratio = value ÷ floor\n\n", c.InFlight)
+	b.WriteString("| measure | unit | floor |")
+	for _, rr := range r.Rounds {
+		fmt.Fprintf(&b, " %d worker%s |", rr.Workers, plural(rr.Workers))
+	}
+	b.WriteString("\n|---|---|---:|")
+	for range r.Rounds {
+		b.WriteString("---:|")
+	}
+	b.WriteString("\n")
+	for _, row := range r.Rows {
+		floor := "—"
+		if row.Floor != nil {
+			floor = num(*row.Floor)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s |", row.Measure, row.Unit, floor)
+		for _, cell := range row.Cells {
+			s := "—"
+			if cell.Value != nil {
+				s = num(*cell.Value)
+				if cell.Ratio != nil {
+					s += fmt.Sprintf(" (%s×)", num(*cell.Ratio))
+				}
+			}
+			if cell.Note != "" {
+				if cell.Value == nil {
+					s = cell.Note
+				} else {
+					s += " " + cell.Note
+				}
+			}
+			fmt.Fprintf(&b, " %s |", s)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\n")
+	if f := r.Floor; f != nil && (f.Create.Failed > 0 || f.Delete.Failed > 0 || f.Create.TimedOut || f.Delete.TimedOut) {
+		fmt.Fprintf(&b, "- floor: %d of %d creates and %d of %d deletes failed (timeout: %v/%v)\n",
+			f.Create.Failed, f.Create.Calls, f.Delete.Failed, f.Delete.Calls, f.Create.TimedOut, f.Delete.TimedOut)
+	}
+	if r.Idle != nil {
+		fmt.Fprintf(&b, "- API server alone, %s: %s\n", num(r.Idle.Seconds)+" s", orNone(r.Idle.Raw.String()))
+	}
+	for _, rr := range r.Rounds {
+		if rr.API != nil {
+			fmt.Fprintf(&b, "- %d worker%s, steady %s s: %s (%d of them the harness's)\n", rr.Workers, plural(rr.Workers),
+				num(rr.API.Seconds), orNone(rr.API.Raw.String()), rr.API.Harness)
+		}
+		for _, n := range rr.Notes {
+			fmt.Fprintf(&b, "- %d worker%s: %s\n", rr.Workers, plural(rr.Workers), n)
+		}
+	}
+	return b.String()
+}
+
+// defaultsLine names the defaults that shape the table, as read from
+// `matbus <sub> --help`, and what the harness overrode.
+func (r *result) defaultsLine() string {
+	var parts []string
+	add := func(sub, flag string) {
+		if v, ok := r.Defaults[sub][flag]; ok {
+			parts = append(parts, fmt.Sprintf("%s --%s %s", sub, flag, v))
+		}
+	}
+	if r.Config.SyncInterval > 0 {
+		parts = append(parts, fmt.Sprintf("discovery --sync-interval %s (set by the harness)", r.Config.SyncInterval))
+	} else {
+		add("discovery", "sync-interval")
+	}
+	add("discovery", "poll-interval")
+	for _, f := range []string{"kube-qps", "kube-burst", "jobs", "concurrency", "mat-timeout", "instance-resync"} {
+		add("worker", f)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "no requests"
+	}
+	return s
+}

@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/matbus/matbus/matsim"
+)
+
+// round runs the scenario once with r.Workers workers: fresh namespace,
+// nats-server and simulators; workers started and ready; then converge,
+// grow, shrink, reactions, the steady window and the delete fan-out, in
+// that order. A wait that runs out is recorded and the round goes on.
+func (b *bench) round(ctx context.Context, r *roundResult) error {
+	idx := len(b.result.Rounds)
+	tag := fmt.Sprintf("w=%d", r.Workers)
+	ns := fmt.Sprintf("bench-r%d-w%d", idx, r.Workers)
+	dir := filepath.Join(b.dir, fmt.Sprintf("round%d-w%d", idx, r.Workers))
+	if err := mkdir(dir); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the informer and every process of the round
+	if err := b.createNamespace(rctx, ns); err != nil {
+		return err
+	}
+	defer b.cleanNamespace(ns)
+
+	nproc, natsURL, err := startNATS(rctx, b.cfg.NATSServer, dir, "nats-server")
+	if err != nil {
+		return err
+	}
+	defer nproc.Stop()
+
+	sims := make([]*matsim.Server, len(b.fleets.base))
+	cur := make([]*matsim.Fleet, len(b.fleets.base))
+	var static []string
+	for i, fl := range b.fleets.base {
+		s, err := matsim.New(matsim.Options{Fleet: fl, TLS: true})
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		url, err := s.Start(rctx, "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		sims[i], cur[i] = s, fl.Clone()
+		static = append(static, "mat-"+strconv.Itoa(i)+"="+url)
+	}
+
+	tr, err := startTracker(rctx, b.kube, ns)
+	if err != nil {
+		return err
+	}
+
+	var workers []*proc
+	defer func() {
+		for _, p := range workers {
+			p.Stop()
+		}
+	}()
+	t := time.Now()
+	for i := range r.Workers {
+		health, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		name := "worker-" + strconv.Itoa(i)
+		args := append([]string{"worker", "--nats-url", natsURL, "--kubeconfig", b.cluster.Kubeconfig,
+			"--namespace", ns, "--worker-name", name, "--health-addr", health, "--insecure-skip-verify"}, b.cfg.WorkerArgs...)
+		p, err := startProc(rctx, dir, name, b.cfg.Matbus, args...)
+		if err != nil {
+			return err
+		}
+		p.health = health
+		workers = append(workers, p)
+	}
+	for _, p := range workers {
+		if err := p.WaitReady(rctx, 2*time.Minute); err != nil {
+			return err
+		}
+	}
+	b.logf("%s: %d worker(s) ready in %s", tag, r.Workers, since(t))
+
+	// 1. converge from empty: discovery starts now.
+	all := allNames(cur)
+	r.Services = len(all)
+	w := tr.Expect(all, true)
+	health, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	args := []string{"discovery", "--nats-url", natsURL, "--namespace", ns, "--identity", "discovery",
+		"--health-addr", health, "--leader-elect=false", "--static", strings.Join(static, ",")}
+	if b.cfg.SyncInterval > 0 {
+		args = append(args, "--sync-interval", b.cfg.SyncInterval.String())
+	}
+	t0 := time.Now()
+	disc, err := startProc(rctx, dir, "discovery", b.cfg.Matbus, append(args, b.cfg.DiscoveryArgs...)...)
+	if err != nil {
+		return err
+	}
+	defer disc.Stop()
+	r.Converge = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("converge: %d Services", len(all)))
+	if ctx.Err() != nil {
+		return nil
+	}
+
+	// 2. grow: simulator 0 gains 101 BMCs.
+	growNames := serviceNames(b.fleets.grow)
+	grown := with(cur[0], b.fleets.grow...)
+	w = tr.Expect(growNames, true)
+	t0 = time.Now()
+	if err := sims[0].SetFleet(grown); err != nil {
+		return err
+	}
+	cur[0] = grown
+	r.Grow = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("grow: +%d on mat-0", len(growNames)))
+	if ctx.Err() != nil {
+		return nil
+	}
+
+	// 3. shrink: simulator 0 loses them again.
+	w = tr.Expect(growNames, false)
+	t0 = time.Now()
+	if err := sims[0].SetFleet(b.fleets.base[0]); err != nil {
+		return err
+	}
+	cur[0] = b.fleets.base[0].Clone()
+	r.Shrink = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("shrink: -%d on mat-0", len(growNames)))
+	if ctx.Err() != nil {
+		return nil
+	}
+
+	// 5. reactions (before the steady window and the delete, which empty nothing yet).
+	if err := b.reactions(rctx, r, tr, sims, cur, tag); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+
+	// 6, 7. steady window: nothing changes.
+	t = time.Now()
+	var req0, conn0 int64
+	api, err := b.apiWindow(rctx, b.cfg.Steady, func(start bool) {
+		var req, conn int64
+		for _, s := range sims {
+			req += s.Requests()
+			conn += s.Connections()
+		}
+		if start {
+			req0, conn0 = req, conn
+			return
+		}
+		n := float64(len(sims))
+		r.MATGetsPerInstanceMin = float64(req-req0) / n / time.Since(t).Minutes()
+		r.NewConnsPerInstance = float64(conn-conn0) / n
+	})
+	if err != nil {
+		return err
+	}
+	r.API = &api
+	b.logf("%s: steady %s: %.1f API requests/min (%s; %d of the harness), %.2f MAT GETs/instance/min, %.2f new connections/instance",
+		tag, since(t), api.PerMinute, api.Raw, api.Harness, r.MATGetsPerInstanceMin, r.NewConnsPerInstance)
+	if ctx.Err() != nil {
+		return nil
+	}
+
+	// 4. delete fan-out: every device gone from every simulator.
+	all = allNames(cur)
+	w = tr.Expect(all, false)
+	t0 = time.Now()
+	for i, s := range sims {
+		empty := &matsim.Fleet{InventoryID: cur[i].InventoryID}
+		if err := s.SetFleet(empty); err != nil {
+			return err
+		}
+		cur[i] = empty
+	}
+	r.Delete = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("delete fan-out: %d Services", len(all)))
+	r.Delete.Count = len(all)
+
+	// 8. worker memory after the run.
+	for _, p := range workers {
+		rss, hwm, err := p.Mem()
+		if err != nil {
+			b.logf("%s: %s memory: %v", tag, p.name, err)
+			continue
+		}
+		r.WorkerRSS, r.WorkerHWM = max(r.WorkerRSS, rss), max(r.WorkerHWM, hwm)
+	}
+	b.logf("%s: worker RSS max %.1f MiB, VmHWM max %.1f MiB", tag, mib(r.WorkerRSS), mib(r.WorkerHWM))
+	for _, p := range append(slices.Clone(workers), disc) {
+		errs, warns := p.CountLines("level=ERROR"), p.CountLines("level=WARN")
+		if errs+warns > 0 {
+			r.Notes = append(r.Notes, fmt.Sprintf("%s logged %d ERROR and %d WARN lines", p.name, errs, warns))
+		}
+	}
+	for _, n := range r.Notes {
+		b.logf("%s: %s", tag, n)
+	}
+	return nil
+}
+
+// await waits for w (registered before the change made at t0) and records
+// the result; it logs the phase's elapsed time.
+func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time, tag, what string) *phase {
+	at, missing, ok := tr.Wait(ctx, w, t0.Add(b.cfg.Timeout))
+	p := &phase{Count: len(w.names)}
+	if !ok {
+		p.TimedOut, p.Missing = true, missing
+		b.logf("%s: %s: timeout after %s (%d missing)", tag, what, since(t0), missing)
+		return p
+	}
+	p.Seconds = at.Sub(t0).Seconds()
+	b.logf("%s: %s in %.2fs", tag, what, p.Seconds)
+	return p
+}
+
+// reactions makes K single-BMC changes on random simulators, alternately
+// adding a power shelf and removing a base device without DPUs, spaced by
+// 0.5–1.5 s, and records each change's latency to its watch event.
+func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims []*matsim.Server, cur []*matsim.Fleet, tag string) error {
+	k := b.cfg.Reactions
+	if k == 0 {
+		return nil
+	}
+	rng := rand.New(rand.NewPCG(uint64(b.cfg.Seed), 7))
+	type change struct {
+		w  *waiter
+		t0 time.Time
+	}
+	changes := make([]change, 0, k)
+	extras := b.fleets.extras
+	start := time.Now()
+	for i := range k {
+		inst := rng.IntN(len(sims))
+		var w *waiter
+		var t0 time.Time
+		if i%2 == 0 {
+			dev := extras[0]
+			extras = extras[1:]
+			next := with(cur[inst], dev)
+			w = tr.Expect([]string{serviceName(&dev)}, true)
+			t0 = time.Now()
+			if err := sims[inst].SetFleet(next); err != nil {
+				return err
+			}
+			cur[inst] = next
+		} else {
+			cand := leaves(cur[inst])
+			for _, x := range b.fleets.extras {
+				delete(cand, x.MatID) // only base devices: their Services exist
+			}
+			ids := make([]string, 0, len(cand))
+			for id := range cand {
+				ids = append(ids, id)
+			}
+			if len(ids) == 0 {
+				continue
+			}
+			slices.Sort(ids)
+			id := ids[rng.IntN(len(ids))]
+			w = tr.Expect([]string{cand[id]}, false)
+			t0 = time.Now()
+			if err := sims[inst].RemoveDevice(id); err != nil {
+				return err
+			}
+			cur[inst] = sims[inst].Fleet()
+		}
+		changes = append(changes, change{w, t0})
+		if i < k-1 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(500*time.Millisecond + time.Duration(rng.Int64N(int64(time.Second)))):
+			}
+		}
+	}
+	deadline := time.Now().Add(b.cfg.Timeout)
+	var lat []time.Duration
+	for _, c := range changes {
+		at, _, ok := tr.Wait(ctx, c.w, deadline)
+		if ok {
+			lat = append(lat, at.Sub(c.t0))
+		}
+	}
+	r.Reactions = &reactions{Changes: len(changes), Seen: len(lat)}
+	for _, l := range lat {
+		r.Reactions.Seconds = append(r.Reactions.Seconds, l.Seconds())
+	}
+	if len(lat) > 0 {
+		r.Reactions.P50 = percentile(lat, 50).Seconds()
+		r.Reactions.P99 = percentile(lat, 99).Seconds()
+	}
+	b.logf("%s: reactions: %d of %d seen in %s, p50 %.2fs, p99 %.2fs", tag, len(lat), len(changes), since(start),
+		r.Reactions.P50, r.Reactions.P99)
+	return nil
+}
+
+// allNames are the Service names every simulator's fleet asks for.
+func allNames(cur []*matsim.Fleet) []string {
+	var out []string
+	for _, fl := range cur {
+		out = append(out, serviceNames(fl.Machines)...)
+	}
+	return out
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
