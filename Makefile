@@ -4,8 +4,9 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 export MATBUS_BIN_DIR := $(CURDIR)/.bin
 ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: all build tools run test lint unit fuzz fuzz-long bench clean deploy-check faulttest faulttest-long
+.PHONY: all build tools run test lint unit fuzz fuzz-long bench bench-e2e clean deploy-check faulttest faulttest-long
 
 all: build
 
@@ -59,6 +60,12 @@ faulttest-long: tools
 ## bench: benchmarks of the decoder and the planner, as a table
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./matclient ./plan ./events
+
+## bench-e2e: the whole pipeline (nats-server, kube-apiserver + etcd, MAT
+## simulators, discovery and worker processes) against a raw client-go floor,
+## printed as one table (docs/performance.md). BENCH_ARGS="--services 10000 --json out.json"
+bench-e2e: tools build
+	$(GO) run ./bench/e2e --matbus bin/matbus $(BENCH_ARGS)
 
 clean:
 	rm -rf bin .run

@@ -185,7 +185,7 @@ func TestTable(t *testing.T) {
 		Floor: &floorResult{Services: 200, Create: timed{Seconds: 2, Calls: 200}, Delete: timed{Seconds: 1, Calls: 200}},
 		Rounds: []*roundResult{
 			{Workers: 1, Converge: &phase{Seconds: 8, Count: 200}, Delete: &phase{Seconds: 4, Count: 200}},
-			{Workers: 3, Converge: &phase{TimedOut: true, Missing: 3, Count: 200}},
+			{Workers: 3, Converge: &phase{TimedOut: true, Missing: 3, Count: 200, Why: "timeout"}},
 		}}
 	out := r.table()
 	for _, want := range []string{"| 1 worker | 3 workers |", "| 8.00 (4.00×) | timeout (3 of 200 missing) |",

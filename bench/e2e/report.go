@@ -43,6 +43,7 @@ type phase struct {
 	Count    int     `json:"services"`
 	TimedOut bool    `json:"timed_out,omitempty"`
 	Missing  int     `json:"missing,omitempty"`
+	Why      string  `json:"why,omitempty"` // why the wait ended early: "timeout", a process exit, …
 }
 
 // reactions are the single-BMC change latencies (seconds).
@@ -97,7 +98,11 @@ func cellOf(p *phase, value func(*phase) float64) (*float64, string) {
 	case p == nil:
 		return nil, ""
 	case p.TimedOut:
-		return nil, fmt.Sprintf("timeout (%d of %d missing)", p.Missing, p.Count)
+		why := p.Why
+		if why != errTimeout.Error() {
+			why, _, _ = strings.Cut(why, ";") // a process exit: its name and status
+		}
+		return nil, fmt.Sprintf("%s (%d of %d missing)", why, p.Missing, p.Count)
 	}
 	return ptr(value(p)), ""
 }
@@ -307,7 +312,7 @@ func (r *result) defaultsLine() string {
 		add("discovery", "sync-interval")
 	}
 	add("discovery", "poll-interval")
-	for _, f := range []string{"kube-qps", "kube-burst", "jobs", "concurrency", "mat-timeout", "instance-resync"} {
+	for _, f := range []string{"kube-qps", "kube-burst", "jobs", "fetches", "delete-jobs", "concurrency", "mat-timeout"} {
 		add("worker", f)
 	}
 	return strings.Join(parts, ", ")

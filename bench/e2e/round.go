@@ -108,7 +108,16 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return err
 	}
 	defer disc.Stop()
-	r.Converge = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("converge: %d Services", len(all)))
+	// alive ends a wait early when a matbus process has exited.
+	alive := func() error {
+		for _, p := range append(slices.Clone(workers), disc) {
+			if p.Exited() {
+				return fmt.Errorf("%s exited (%v); its log ends:\n%s", p.name, p.waitErr, p.Tail(10))
+			}
+		}
+		return nil
+	}
+	r.Converge = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("converge: %d Services", len(all)))
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -122,7 +131,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return err
 	}
 	cur[0] = grown
-	r.Grow = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("grow: +%d on mat-0", len(growNames)))
+	r.Grow = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("grow: +%d on mat-0", len(growNames)))
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -134,13 +143,13 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return err
 	}
 	cur[0] = b.fleets.base[0].Clone()
-	r.Shrink = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("shrink: -%d on mat-0", len(growNames)))
+	r.Shrink = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("shrink: -%d on mat-0", len(growNames)))
 	if ctx.Err() != nil {
 		return nil
 	}
 
 	// 5. reactions (before the steady window and the delete, which empty nothing yet).
-	if err := b.reactions(rctx, r, tr, sims, cur, tag); err != nil {
+	if err := b.reactions(rctx, r, tr, sims, cur, alive, tag); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
@@ -185,7 +194,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		}
 		cur[i] = empty
 	}
-	r.Delete = b.await(rctx, tr, w, t0, tag, fmt.Sprintf("delete fan-out: %d Services", len(all)))
+	r.Delete = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("delete fan-out: %d Services", len(all)))
 	r.Delete.Count = len(all)
 
 	// 8. worker memory after the run.
@@ -212,12 +221,12 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 
 // await waits for w (registered before the change made at t0) and records
 // the result; it logs the phase's elapsed time.
-func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time, tag, what string) *phase {
-	at, missing, ok := tr.Wait(ctx, w, t0.Add(b.cfg.Timeout))
+func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time, alive func() error, tag, what string) *phase {
+	at, missing, err := tr.Wait(ctx, w, t0.Add(b.cfg.Timeout), alive)
 	p := &phase{Count: len(w.names)}
-	if !ok {
-		p.TimedOut, p.Missing = true, missing
-		b.logf("%s: %s: timeout after %s (%d missing)", tag, what, since(t0), missing)
+	if err != nil {
+		p.TimedOut, p.Missing, p.Why = true, missing, err.Error()
+		b.logf("%s: %s: %v after %s (%d missing)", tag, what, err, since(t0), missing)
 		return p
 	}
 	p.Seconds = at.Sub(t0).Seconds()
@@ -228,7 +237,7 @@ func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time,
 // reactions makes K single-BMC changes on random simulators, alternately
 // adding a power shelf and removing a base device without DPUs, spaced by
 // 0.5–1.5 s, and records each change's latency to its watch event.
-func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims []*matsim.Server, cur []*matsim.Fleet, tag string) error {
+func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims []*matsim.Server, cur []*matsim.Fleet, alive func() error, tag string) error {
 	k := b.cfg.Reactions
 	if k == 0 {
 		return nil
@@ -288,8 +297,8 @@ func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims
 	deadline := time.Now().Add(b.cfg.Timeout)
 	var lat []time.Duration
 	for _, c := range changes {
-		at, _, ok := tr.Wait(ctx, c.w, deadline)
-		if ok {
+		at, _, err := tr.Wait(ctx, c.w, deadline, alive)
+		if err == nil {
 			lat = append(lat, at.Sub(c.t0))
 		}
 	}

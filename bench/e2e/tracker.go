@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -57,7 +58,7 @@ func startTracker(ctx context.Context, kube kubernetes.Interface, ns string) (*t
 	}
 	f.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return nil, fmt.Errorf("Service informer of %s did not sync: %w", ns, context.Cause(ctx))
+		return nil, fmt.Errorf("informer on the Services of %s did not sync: %w", ns, context.Cause(ctx))
 	}
 	return t, nil
 }
@@ -116,25 +117,40 @@ func (t *tracker) Expect(names []string, want bool) *waiter {
 	return w
 }
 
-// Wait blocks until the waiter is settled, until deadline, or until ctx
-// ends. It returns the settling event's receive time, or the number of
-// names still pending and false.
-func (t *tracker) Wait(ctx context.Context, w *waiter, deadline time.Time) (time.Time, int, bool) {
+// Wait blocks until the waiter is settled, until deadline, until ctx
+// ends, or until alive (checked every second; may be nil) returns an
+// error. It returns the settling event's receive time, or the number of
+// names still pending and why it stopped waiting.
+func (t *tracker) Wait(ctx context.Context, w *waiter, deadline time.Time, alive func() error) (time.Time, int, error) {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	select {
-	case <-w.done:
-		return w.at, 0, true
-	case <-timer.C:
-	case <-ctx.Done():
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var why error
+	for why == nil {
+		select {
+		case <-w.done:
+			return w.at, 0, nil
+		case <-timer.C:
+			why = errTimeout
+		case <-ctx.Done():
+			why = context.Cause(ctx)
+		case <-tick.C:
+			if alive != nil {
+				why = alive()
+			}
+		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	select {
 	case <-w.done: // settled at the last moment
-		return w.at, 0, true
+		return w.at, 0, nil
 	default:
 	}
 	delete(t.waiters, w)
-	return time.Time{}, len(w.pending), false
+	return time.Time{}, len(w.pending), why
 }
+
+// errTimeout ends a wait whose deadline passed.
+var errTimeout = errors.New("timeout")
