@@ -350,8 +350,8 @@ func FuzzLabelValue(f *testing.F) {
 			if valid := len(validation.IsValidLabelValue(s)) == 0; isLabelValue(s) != valid {
 				t.Fatalf("isLabelValue(%q) = %v, apimachinery says %v", s, !valid, valid)
 			}
-			if LabelValue(s) != LabelValue(s) {
-				t.Fatalf("LabelValue(%q) not stable", s)
+			if v, again := LabelValue(s), LabelValue(strings.Clone(s)); v != again {
+				t.Fatalf("LabelValue(%q) not stable: %q, then %q", s, v, again)
 			}
 		}
 		ins := append(adversaries(a), adversaries(b)...)
