@@ -2,9 +2,11 @@ package plan
 
 import (
 	"cmp"
+	"fmt"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/matbus/matbus/matclient"
 	corev1 "k8s.io/api/core/v1"
@@ -34,15 +36,43 @@ type Desired struct {
 	NoStatus bool
 	// Services are the desired Services, sorted by name, names unique.
 	Services []*corev1.Service
-	// Held are the devices that get no Service this time, sorted by Name
-	// then MatID.
+	// Held are the devices that get no Service this time, sorted by Name,
+	// MatID, then Detail.
 	Held []Hold
+	// Warnings are the devices that get a Service, but not all of what MAT
+	// advertises for them (e.g. an endpoint left out), one per device,
+	// sorted by Name then MatID.
+	Warnings []Warning
+}
+
+// DeletesHeld reports whether Diff deletes nothing for d: when Build got no
+// status (NoStatus), or a device of the status is invalid (a Held entry
+// with HoldInvalidDevice), so that a device that could not be read is never
+// taken for a device that is gone.
+func (d Desired) DeletesHeld() bool {
+	if d.NoStatus {
+		return true
+	}
+	for _, h := range d.Held {
+		if h.Reason == HoldInvalidDevice {
+			return true
+		}
+	}
+	return false
+}
+
+// Warning is a device that gets a Service, but not exactly what MAT
+// advertises for it.
+type Warning struct {
+	MatID  string // the device's full mat_id
+	Name   string // its Service name
+	Detail string // what was left out and why, e.g. "ssh TCP port 443 (listen 2222) left out: redfish uses TCP port 443"
 }
 
 // Hold is a device of the status that gets no Service this time.
 type Hold struct {
-	MatID  string     // the device's full mat_id
-	Name   string     // the Service name it would get (ServiceName)
+	MatID  string     // the device's full mat_id; "" for an invalid device without one
+	Name   string     // the Service name it would get (ServiceName); "" when MatID is ""
 	Reason HoldReason // why it gets none
 	Detail string     // human-readable specifics, e.g. the winning mat_id
 }
@@ -61,6 +91,12 @@ const (
 	// HoldNameCollision: another device's mat_id maps to the same Service
 	// name, and its mat_id is lexically smaller.
 	HoldNameCollision HoldReason = "another mat_id maps to the same Service name"
+	// HoldInvalidDevice: the device has an invalid field, an invalid host
+	// or a mat_id that occurs more than once (matclient.Status.Invalid).
+	// Detail is "<path>: <reason>", e.g. `machines[3].dpus[0]: bmc.ip:
+	// "x" is not an IPv4 address`. While a status has one, Diff deletes
+	// nothing of the instance (Desired.DeletesHeld).
+	HoldInvalidDevice HoldReason = "device is invalid in the status"
 )
 
 // Build returns the desired Services for the status st of instance inst.
@@ -75,14 +111,21 @@ const (
 //     the host's mat_id), LabelPodName (when inst.PodName is set);
 //   - annotations: AnnotationMatID (full mat_id), AnnotationBMCIP,
 //     AnnotationRedfishPort, AnnotationIPMIPort and AnnotationSSHPort when
-//     advertised (listen ports, decimal), AnnotationAPIState,
+//     the port is in the Service (listen ports, decimal), AnnotationAPIState,
 //     AnnotationPowerState and AnnotationHardwareType when non-empty;
 //   - spec: type ClusterIP; ports "redfish" TCP reachable→listen, "ipmi" UDP
 //     and "ssh" TCP when advertised; selector = opts.TargetSelector plus
 //     PodNameLabel = LabelValue(inst.PodName) when set (a pod name is
-//     normally a valid label value and so kept as is); clusterIP = clusterIPs[0] = BMC
-//     IP (IPModeClusterIP) or externalIPs = [BMC IP] with clusterIP left to
-//     the API server (IPModeExternalIP);
+//     normally a valid label value and so kept as is); clusterIP =
+//     clusterIPs[0] = BMC IP (IPModeClusterIP) or externalIPs = [BMC IP]
+//     with clusterIP left to the API server (IPModeExternalIP);
+//   - ports the API server would reject: an endpoint whose protocol and
+//     reachable port (the Service port) are those of an earlier one, in the
+//     order redfish, ipmi, ssh (e.g. SSH on TCP 443 beside Redfish), is left
+//     out with its annotation, and the device gets one Warning saying what
+//     was left out. Two ports with the same targetPort are valid (the API
+//     server accepts them) and kept; ipmi (UDP) never clashes with the TCP
+//     ports;
 //   - owner references: [*inst.Owner] when set.
 //
 // Devices that get no Service are returned in Held:
@@ -96,9 +139,16 @@ const (
 //     winner that appears after the loser's Service was created cannot be
 //     created ("IP already allocated") until the duplicate is resolved in
 //     MAT — the conflict is surfaced, never fought over;
-//   - same Service name as another device (a 32-bit FNV collision, or a
-//     mat_id that occurs twice in a hand-built status): smallest mat_id
-//     wins, then the first in body order; the others HoldNameCollision.
+//   - same Service name as another device (a hash collision, see
+//     ServiceName, or a mat_id that occurs twice in a hand-built status):
+//     smallest mat_id wins, then the first in body order; the others
+//     HoldNameCollision;
+//   - every entry of st.Invalid (a device matclient could not read):
+//     HoldInvalidDevice, Name = ServiceName of its mat_id as a DPU (nested)
+//     or host ("" without a mat_id), Detail = "<path>: <reason>". Its
+//     existing Service is neither updated nor deleted, and Diff deletes
+//     nothing of the instance while such a hold exists; the valid devices
+//     are created, updated and recreated as usual.
 //
 // A nil st yields a Desired with NoStatus set, which Diff turns into no
 // deletes. Build does not retain or modify st or opts.
@@ -135,6 +185,18 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 		return cmp.Or(cmp.Compare(a.dev.MatID, b.dev.MatID), cmp.Compare(a.order, b.order))
 	})
 
+	for _, inv := range st.Invalid {
+		h := Hold{MatID: inv.MatID, Reason: HoldInvalidDevice, Detail: inv.Path + ": " + inv.Reason}
+		if inv.MatID != "" {
+			typ := MachineTypeHost
+			if inv.Nested() {
+				typ = MachineTypeDPU
+			}
+			h.Name = ServiceName(typ, inv.MatID)
+		}
+		d.Held = append(d.Held, h)
+	}
+
 	ipWinner := make(map[string]string, len(cands))   // BMC IP -> mat_id
 	nameWinner := make(map[string]string, len(cands)) // name -> mat_id
 	shared := newSharedFields(inst, opts)
@@ -156,10 +218,17 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 		}
 		ipWinner[ip] = id
 		nameWinner[c.name] = id
-		d.Services = append(d.Services, shared.service(c.name, c.typ, c.dev, c.parent))
+		svc, left := shared.service(c.name, c.typ, c.dev, c.parent)
+		d.Services = append(d.Services, svc)
+		if left != "" {
+			d.Warnings = append(d.Warnings, Warning{MatID: id, Name: c.name, Detail: left})
+		}
 	}
 	slices.SortFunc(d.Services, func(a, b *corev1.Service) int { return cmp.Compare(a.Name, b.Name) })
 	slices.SortFunc(d.Held, func(a, b Hold) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.MatID, b.MatID), cmp.Compare(a.Detail, b.Detail))
+	})
+	slices.SortFunc(d.Warnings, func(a, b Warning) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.MatID, b.MatID))
 	})
 	return d
@@ -195,7 +264,9 @@ func newSharedFields(inst Instance, opts Options) sharedFields {
 }
 
 // service builds the Service of one device; every map and slice is fresh.
-func (s sharedFields) service(name string, typ MachineType, dev, parent *matclient.Device) *corev1.Service {
+// left says which advertised endpoints were left out and why ("" when
+// none).
+func (s sharedFields) service(name string, typ MachineType, dev, parent *matclient.Device) (svc *corev1.Service, left string) {
 	ip := dev.BMC.IP
 	labels := map[string]string{
 		LabelManagedBy:   s.managedBy,
@@ -222,18 +293,17 @@ func (s sharedFields) service(name string, typ MachineType, dev, parent *matclie
 	setIf(annotations, AnnotationPowerState, dev.PowerState)
 	setIf(annotations, AnnotationHardwareType, dev.HardwareType)
 
-	ports := make([]corev1.ServicePort, 0, 3)
-	ports = append(ports, servicePort(PortRedfish, corev1.ProtocolTCP, dev.BMC.Redfish))
-	if e := dev.BMC.IPMI; e != nil {
-		ports = append(ports, servicePort(PortIPMI, corev1.ProtocolUDP, *e))
-		annotations[AnnotationIPMIPort] = strconv.Itoa(int(e.ListenPort))
-	}
-	if e := dev.BMC.SSH; e != nil {
-		ports = append(ports, servicePort(PortSSH, corev1.ProtocolTCP, *e))
-		annotations[AnnotationSSHPort] = strconv.Itoa(int(e.ListenPort))
+	ports, left := servicePorts(dev.BMC)
+	for _, p := range ports {
+		switch p.Name {
+		case PortIPMI:
+			annotations[AnnotationIPMIPort] = strconv.Itoa(int(dev.BMC.IPMI.ListenPort))
+		case PortSSH:
+			annotations[AnnotationSSHPort] = strconv.Itoa(int(dev.BMC.SSH.ListenPort))
+		}
 	}
 
-	svc := &corev1.Service{
+	svc = &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
 			Namespace:   s.namespace,
@@ -256,7 +326,38 @@ func (s sharedFields) service(name string, typ MachineType, dev, parent *matclie
 		svc.Spec.ClusterIP = ip
 		svc.Spec.ClusterIPs = []string{ip}
 	}
-	return svc
+	return svc, left
+}
+
+// servicePorts returns the Service ports of b in the order redfish, ipmi,
+// ssh, leaving out an endpoint whose name, or protocol and port, is taken
+// by an earlier one (the API server rejects both), and says what it left
+// out ("" when nothing).
+func servicePorts(b matclient.BMC) (ports []corev1.ServicePort, left string) {
+	type endpoint struct {
+		name  string
+		proto corev1.Protocol
+		e     *matclient.Endpoint
+	}
+	eps := []endpoint{{PortRedfish, corev1.ProtocolTCP, &b.Redfish}, {PortIPMI, corev1.ProtocolUDP, b.IPMI}, {PortSSH, corev1.ProtocolTCP, b.SSH}}
+	ports = make([]corev1.ServicePort, 0, len(eps))
+	var out []string
+	for _, ep := range eps {
+		if ep.e == nil {
+			continue
+		}
+		p := servicePort(ep.name, ep.proto, *ep.e)
+		i := slices.IndexFunc(ports, func(q corev1.ServicePort) bool {
+			return q.Name == p.Name || q.Protocol == p.Protocol && q.Port == p.Port
+		})
+		if i >= 0 {
+			out = append(out, fmt.Sprintf("%s %s port %d (listen %d) left out: %s uses %s port %d",
+				p.Name, p.Protocol, p.Port, ep.e.ListenPort, ports[i].Name, ports[i].Protocol, ports[i].Port))
+			continue
+		}
+		ports = append(ports, p)
+	}
+	return ports, strings.Join(out, "; ")
 }
 
 func servicePort(name string, proto corev1.Protocol, e matclient.Endpoint) corev1.ServicePort {

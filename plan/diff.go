@@ -92,8 +92,13 @@ func (p Plan) Empty() bool {
 //     left alone (Skipped when its name is desired);
 //   - a Service of this instance and pod whose name is not desired is
 //     deleted, unless its mat_id (AnnotationMatID, else LabelMatID) is that
-//     of a Held device (a device still present is never deleted), it is
-//     already being deleted, or d.NoStatus is set.
+//     of a Held device (a device still present is never deleted), or it is
+//     already being deleted;
+//   - nothing at all is deleted when d.DeletesHeld(): Build got no status
+//     (d.NoStatus), or a device of the status is invalid (a Held entry with
+//     HoldInvalidDevice: a device that could not be read may be one whose
+//     Service exists, under any name). Creates, updates and recreates of
+//     the valid devices' Services still happen.
 //
 // For a desired name whose Service is ours, only our fields are compared:
 // our labels and annotations (present with the same value, or absent
@@ -157,7 +162,7 @@ func Diff(d Desired, existing []*corev1.Service, opts Options) Plan {
 		}
 	}
 
-	if !d.NoStatus {
+	if !d.DeletesHeld() {
 		held := make(map[string]bool, 2*len(d.Held))
 		for _, h := range d.Held {
 			held[h.MatID] = true
