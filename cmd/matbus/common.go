@@ -61,19 +61,28 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 				log.Warn("NATS disconnected", "error", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrl()) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", events.StripUserInfo(c.ConnectedUrl())) }),
+		// Asynchronous errors (e.g. an authorization violation) go to the log,
+		// not straight to stderr as nats.go's default does.
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Warn("NATS error", "subject", sub.Subject, "error", err)
+				return
+			}
+			log.Warn("NATS error", "error", err)
+		}),
 	}
 	if o.creds != "" {
 		opts = append(opts, nats.UserCredentials(o.creds))
 	}
-	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", c.ConnectedUrl()) }))
+	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", events.StripUserInfo(c.ConnectedUrl())) }))
 	nc, err := nats.Connect(o.url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", o.url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", events.StripUserInfo(o.url), err)
 	}
 	if !nc.IsConnected() {
 		// RetryOnFailedConnect keeps trying in the background; say so once.
-		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", o.url)
+		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", events.StripUserInfo(o.url))
 	}
 	return nc, nil
 }
@@ -87,29 +96,43 @@ func (o *natsOpts) bus(nc *nats.Conn, source string, log *slog.Logger, w *worker
 	return events.New(nc, cfg, log)
 }
 
-// logOpts select the log level and format.
-type logOpts struct{ level, format string }
+// logOpts select the log level and format. fs, when set, is the parsed
+// flag set whose secrets (flagSecrets) the logger redacts.
+type logOpts struct {
+	level, format string
+	fs            *flag.FlagSet
+}
 
 func (o *logOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.format, "log-format", "text", "log format: text or json")
+	o.fs = fs
 }
 
+// logger returns the logger of --log-level and --log-format writing to w.
+// Every line passes through a redactHandler: the secrets of o.fs's flags
+// (flagSecrets), the user info of URLs and bearer tokens never reach w.
+// It returns an error wrapping errUsage for an unknown level or format.
 func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.level)); err != nil {
 		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, o.level)
 	}
 	hopts := &slog.HandlerOptions{Level: lvl}
-	var log *slog.Logger
+	var h slog.Handler
 	switch o.format {
 	case "text":
-		log = slog.New(slog.NewTextHandler(w, hopts))
+		h = slog.NewTextHandler(w, hopts)
 	case "json":
-		log = slog.New(slog.NewJSONHandler(w, hopts))
+		h = slog.NewJSONHandler(w, hopts)
 	default:
 		return nil, fmt.Errorf("%w: --log-format %q: want text or json", errUsage, o.format)
 	}
+	var secrets []string
+	if o.fs != nil {
+		secrets = flagSecrets(o.fs)
+	}
+	log := slog.New(newRedactHandler(h, newRedactor(secrets)))
 	// client-go logs through klog (leader election, informers): send those
 	// lines through the same handler so --log-format=json stays JSON.
 	klog.SetSlogLogger(log.With("logger", "client-go"))
@@ -125,8 +148,8 @@ type kubeOpts struct {
 
 func (o *kubeOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
-	fs.Float64Var(&o.qps, "kube-qps", 50, "client-side rate limit of Kubernetes API requests per second (client-go's default of 5 is far too low for thousands of Services)")
-	fs.IntVar(&o.burst, "kube-burst", 100, "burst of Kubernetes API requests above --kube-qps")
+	fs.Float64Var(&o.qps, "kube-qps", 200, "client-side rate limit of Kubernetes API requests per second, per process (client-go's default of 5 is far too low for thousands of Services; on a small shared cluster use 15, see docs/performance.md)")
+	fs.IntVar(&o.burst, "kube-burst", 400, "burst of Kubernetes API requests above --kube-qps")
 }
 
 func (o *kubeOpts) validate() error {

@@ -52,7 +52,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	if !follow && since == 0 {
 		return fmt.Errorf("%w: --follow=false needs --since", errUsage)
 	}
-	log, _ := (&logOpts{level: "warn", format: "text"}).logger(e.stderr)
+	log, _ := (&logOpts{level: "warn", format: "text", fs: fs}).logger(e.stderr)
 	nc, err := n.connect("matbus-errors", log)
 	if err != nil {
 		return err

@@ -67,14 +67,14 @@ func run(ctx context.Context, args []string, e env) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
-		fmt.Fprintf(e.stderr, "matbus %s: %v\n", args[0], err)
+		fmt.Fprintf(e.stderr, "matbus %s: %s\n", args[0], redactedError(err))
 		return 2
 	default:
 		var ec exitCode
 		if errors.As(err, &ec) {
 			return int(ec)
 		}
-		fmt.Fprintf(e.stderr, "matbus %s: %v\n", args[0], err)
+		fmt.Fprintf(e.stderr, "matbus %s: %s\n", args[0], redactedError(err))
 		return 1
 	}
 }
