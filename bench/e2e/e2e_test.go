@@ -56,7 +56,8 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
 apiserver_request_total{code="201",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="",verb="POST",version="v1"} 2000
 apiserver_request_total{code="409",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="",verb="POST",version="v1"} 5
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="services",scope="resource",subresource="status",verb="PUT",version="v1"} 1
-apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 1.5e+01
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="/readyz",verb="GET",version=""} 1.5e+01
+apiserver_request_total{code="200",component="",dry_run="",group="",resource="",scope="",subresource="openapi/v3",verb="GET",version=""} 2
 apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1",odd="a\"b,c}\\"} 12
 apiserver_request_total_other{verb="GET"} 99
 apiserver_request_totals 7
@@ -71,7 +72,8 @@ func TestParseRequestTotal(t *testing.T) {
 		"LIST services":       3,
 		"POST services":       2005,
 		"PUT services/status": 1,
-		"GET //metrics":       15,
+		"GET /readyz":         15,
+		"GET /openapi/v3":     2,
 		"PUT leases":          12,
 	}
 	if len(got) != len(want) {
@@ -82,12 +84,12 @@ func TestParseRequestTotal(t *testing.T) {
 			t.Errorf("%q = %v, want %v (all: %v)", k, got[k], v, got)
 		}
 	}
-	if got.Total() != 2036 {
-		t.Errorf("Total = %v, want 2036", got.Total())
+	if got.Total() != 2038 {
+		t.Errorf("Total = %v, want 2038", got.Total())
 	}
 	later := requestCounts{"LIST services": 4, "POST services": 2005, "WATCH services": 1}
 	d := later.Sub(got)
-	if d["LIST services"] != 1 || d["WATCH services"] != 1 || d["PUT leases"] != -12 || len(d) != 5 {
+	if d["LIST services"] != 1 || d["WATCH services"] != 1 || d["PUT leases"] != -12 || len(d) != 6 {
 		t.Errorf("Sub = %v", d)
 	}
 	if s := (requestCounts{"A x": 1, "B y": 3}).String(); s != "B y=3, A x=1" {
@@ -160,8 +162,13 @@ func TestFleets(t *testing.T) {
 	if n := len(serviceNames(f.grow)); n != growBMCs {
 		t.Errorf("grow asks for %d Services, want %d", n, growBMCs)
 	}
-	if len(f.extras) != 21 {
-		t.Errorf("%d extras, want 21", len(f.extras))
+	if len(f.extraHosts) != 21 || len(f.extraShelves) != 21 {
+		t.Errorf("%d extra hosts and %d extra shelves, want 21 each", len(f.extraHosts), len(f.extraShelves))
+	}
+	for _, h := range f.extraHosts {
+		if len(h.DPUs) != 0 || serviceName(&h) == "" {
+			t.Fatalf("extra host %s has DPUs", h.MatID)
+		}
 	}
 	// 10,000 Services fit the service range.
 	if _, err := makeFleets(splitSizes(10000, 5), 40, 1); err != nil {

@@ -43,12 +43,13 @@ func (b *ipBlocks) block(n int) (string, error) {
 }
 
 // fleets are the devices of one run: a base fleet per simulator, the 101
-// BMCs the grow row adds to simulator 0, and single power shelves the
+// BMCs the grow row adds to simulator 0, and the single-BMC devices the
 // reaction row adds.
 type fleets struct {
-	base   []*matsim.Fleet
-	grow   []matclient.Device // top-level devices, 101 BMCs with their DPUs
-	extras []matclient.Device // power shelves, one BMC each
+	base         []*matsim.Fleet
+	grow         []matclient.Device // top-level devices, 101 BMCs with their DPUs
+	extraHosts   []matclient.Device // hosts without DPUs, one BMC each
+	extraShelves []matclient.Device // power shelves, one BMC each
 }
 
 // splitSizes divides n BMCs over s simulators (the first get one more when
@@ -106,16 +107,16 @@ func makeFleets(sizes []int, reactions int, seed int64) (*fleets, error) {
 		return nil, err
 	}
 	f.grow = g.Machines
-	n := reactions/2 + 1
-	subnet, err = ips.block(n)
+	adds := reactions/2 + 1
+	subnet, err = ips.block(2 * adds)
 	if err != nil {
 		return nil, err
 	}
-	x, err := matsim.Generate(matsim.FleetSpec{PowerShelves: n, BMCSubnet: subnet, Seed: seed + 2000})
+	x, err := matsim.Generate(matsim.FleetSpec{Hosts: adds, PowerShelves: adds, IPMI: true, BMCSubnet: subnet, Seed: seed + 2000})
 	if err != nil {
 		return nil, err
 	}
-	f.extras = x.Machines
+	f.extraHosts, f.extraShelves = x.Machines[:adds], x.Machines[adds:]
 	return f, nil
 }
 
@@ -149,19 +150,20 @@ func serviceName(d *matclient.Device) string {
 }
 
 // leaves returns the devices of fl that can be removed one BMC at a time
-// (DPUs, and top-level devices without DPUs), as mat_id → Service name.
-func leaves(fl *matsim.Fleet) map[string]string {
-	out := map[string]string{}
+// (DPUs, and top-level devices without DPUs), sorted by mat_id.
+func leaves(fl *matsim.Fleet) []matclient.Device {
+	var out []matclient.Device
 	for i := range fl.Machines {
 		m := &fl.Machines[i]
 		if len(m.DPUs) == 0 && m.BMC.IP != "" {
-			out[m.MatID] = serviceName(m)
+			out = append(out, *m)
 		}
 		for j := range m.DPUs {
 			if m.DPUs[j].BMC.IP != "" {
-				out[m.DPUs[j].MatID] = serviceName(&m.DPUs[j])
+				out = append(out, m.DPUs[j])
 			}
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].MatID < out[j].MatID })
 	return out
 }

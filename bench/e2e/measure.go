@@ -27,8 +27,8 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 }
 
 // requestCounts is apiserver_request_total summed by "VERB resource"
-// ("VERB resource/subresource"; nonResource requests have an empty
-// resource, e.g. "GET ").
+// ("VERB resource/subresource"; "VERB /path" for nonResource requests,
+// e.g. "GET /readyz").
 type requestCounts map[string]float64
 
 // Total is the sum over every key.
@@ -113,7 +113,10 @@ func parseRequestTotal(text string) (requestCounts, error) {
 			return nil, fmt.Errorf("%s: value in %q: %w", name, line, err)
 		}
 		res := labels["resource"]
-		if sub := labels["subresource"]; sub != "" {
+		switch sub := labels["subresource"]; {
+		case res == "" && sub != "": // a nonResource path, e.g. "/readyz" or "openapi/v3"
+			res = "/" + strings.TrimPrefix(sub, "/")
+		case sub != "":
 			res += "/" + sub
 		}
 		out[labels["verb"]+" "+res] += v

@@ -46,13 +46,32 @@ type phase struct {
 	Why      string  `json:"why,omitempty"` // why the wait ended early: "timeout", a process exit, …
 }
 
-// reactions are the single-BMC change latencies (seconds).
+// reactions are the single-BMC change latencies: over all changes, over
+// host changes (MAT bumps its status generation) and over the others
+// (DPU, switch, power shelf: no generation bump).
 type reactions struct {
-	Changes int       `json:"changes"`
-	Seen    int       `json:"seen"`
-	P50     float64   `json:"p50_seconds"`
-	P99     float64   `json:"p99_seconds"`
-	Seconds []float64 `json:"seconds"`
+	Changes int         `json:"changes"`
+	Seen    int         `json:"seen"`
+	All     latencies   `json:"all"`
+	Host    latencies   `json:"host"`
+	Other   latencies   `json:"other"`
+	List    []*reaction `json:"list"`
+}
+
+// latencies summarize N change latencies (seconds).
+type latencies struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50_seconds"`
+	P99 float64 `json:"p99_seconds"`
+}
+
+// reaction is one single-BMC change; Seconds is nil when its watch event
+// did not arrive in time.
+type reaction struct {
+	Instance int      `json:"instance"`
+	Op       string   `json:"op"`   // add or remove
+	Kind     string   `json:"kind"` // host, dpu, switch, power-shelf
+	Seconds  *float64 `json:"seconds"`
 }
 
 // roundResult is one scenario run with Workers worker processes.
@@ -145,9 +164,13 @@ func (r *result) rows() []tableRow {
 				return cellOf(x.Delete, func(p *phase) float64 { return float64(p.Count) / max(p.Seconds, 1e-9) })
 			}},
 		{fmt.Sprintf("5. reaction p50, %d single-BMC changes", k), "s", nil,
-			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, 50) }},
+			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, all, false) }},
 		{"5. reaction p99", "s", nil,
-			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, 99) }},
+			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, all, true) }},
+		{"5. reaction p50, host changes (MAT generation bumps)", "s", nil,
+			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, hosts, false) }},
+		{"5. reaction p50, DPU/switch/shelf changes (no bump)", "s", nil,
+			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, others, false) }},
 		{"6. API requests per steady minute", "req/min", fIdle,
 			func(x *roundResult) (*float64, string) {
 				if x.API == nil {
@@ -190,7 +213,13 @@ func (r *result) rows() []tableRow {
 	return rows
 }
 
-func reactionCell(r *reactions, p int) (*float64, string) {
+func all(r *reactions) latencies    { return r.All }
+func hosts(r *reactions) latencies  { return r.Host }
+func others(r *reactions) latencies { return r.Other }
+
+// reactionCell is the p50 (or p99) of the latencies pick selects, with a
+// timeout note when some changes were not seen.
+func reactionCell(r *reactions, pick func(*reactions) latencies, p99 bool) (*float64, string) {
 	if r == nil {
 		return nil, ""
 	}
@@ -198,14 +227,14 @@ func reactionCell(r *reactions, p int) (*float64, string) {
 	if r.Seen < r.Changes {
 		note = fmt.Sprintf("timeout (%d of %d seen)", r.Seen, r.Changes)
 	}
-	if r.Seen == 0 {
+	l := pick(r)
+	if l.N == 0 {
 		return nil, note
 	}
-	v := r.P50
-	if p == 99 {
-		v = r.P99
+	if p99 {
+		return ptr(l.P99), note
 	}
-	return ptr(v), note
+	return ptr(l.P50), note
 }
 
 func memCell(b int64) (*float64, string) {

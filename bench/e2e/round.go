@@ -10,7 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
+	"github.com/matbus/matbus/plan"
 )
 
 // round runs the scenario once with r.Workers workers: fresh namespace,
@@ -234,58 +236,82 @@ func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time,
 	return p
 }
 
-// reactions makes K single-BMC changes on random simulators, alternately
-// adding a power shelf and removing a base device without DPUs, spaced by
-// 0.5–1.5 s, and records each change's latency to its watch event.
+// reactions makes K single-BMC changes on random simulators, spaced by
+// 0.5–1.5 s, and records each change's latency to its watch event. The
+// changes cycle through: add a host without DPUs, remove a base device
+// without DPUs (DPU, switch or power shelf), add a power shelf, remove a
+// host added before (whose Service exists; else another base device). MAT
+// (and matsim) bump the status generation only when the set of hosts
+// changes, so the host changes and the others are also reported apart.
 func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims []*matsim.Server, cur []*matsim.Fleet, alive func() error, tag string) error {
 	k := b.cfg.Reactions
 	if k == 0 {
 		return nil
 	}
 	rng := rand.New(rand.NewPCG(uint64(b.cfg.Seed), 7))
-	type change struct {
-		w  *waiter
-		t0 time.Time
+	hosts, shelves := b.fleets.extraHosts, b.fleets.extraShelves
+	type addedHost struct {
+		inst    int
+		dev     matclient.Device
+		removed bool
 	}
-	changes := make([]change, 0, k)
-	extras := b.fleets.extras
+	var added []*addedHost
+	extra := map[string]bool{} // mat_ids the reactions added
+	type change struct {
+		w   *waiter
+		t0  time.Time
+		rec *reaction
+	}
+	var changes []change
 	start := time.Now()
 	for i := range k {
-		inst := rng.IntN(len(sims))
-		var w *waiter
-		var t0 time.Time
-		if i%2 == 0 {
-			dev := extras[0]
-			extras = extras[1:]
+		inst, add := rng.IntN(len(sims)), i%2 == 0
+		var dev matclient.Device
+		switch i % 4 {
+		case 0:
+			dev, hosts = hosts[0], hosts[1:]
+		case 2:
+			dev, shelves = shelves[0], shelves[1:]
+		case 3:
+			var ready []*addedHost
+			for _, a := range added {
+				if !a.removed && tr.Present(serviceName(&a.dev)) {
+					ready = append(ready, a)
+				}
+			}
+			if len(ready) > 0 {
+				a := ready[rng.IntN(len(ready))]
+				a.removed, inst, dev = true, a.inst, a.dev
+			}
+		}
+		if !add && dev.MatID == "" {
+			var ok bool
+			if dev, ok = baseLeaf(cur[inst], extra, rng); !ok {
+				continue
+			}
+		}
+		name := serviceName(&dev)
+		rec := &reaction{Instance: inst, Kind: string(plan.MachineTypeOf(dev.Kind)), Op: "remove"}
+		w := tr.Expect([]string{name}, add)
+		t0 := time.Now()
+		if add {
+			rec.Op = "add"
 			next := with(cur[inst], dev)
-			w = tr.Expect([]string{serviceName(&dev)}, true)
-			t0 = time.Now()
 			if err := sims[inst].SetFleet(next); err != nil {
 				return err
 			}
 			cur[inst] = next
+			extra[dev.MatID] = true
+			if dev.Kind == matclient.KindMachine {
+				added = append(added, &addedHost{inst: inst, dev: dev})
+			}
 		} else {
-			cand := leaves(cur[inst])
-			for _, x := range b.fleets.extras {
-				delete(cand, x.MatID) // only base devices: their Services exist
-			}
-			ids := make([]string, 0, len(cand))
-			for id := range cand {
-				ids = append(ids, id)
-			}
-			if len(ids) == 0 {
-				continue
-			}
-			slices.Sort(ids)
-			id := ids[rng.IntN(len(ids))]
-			w = tr.Expect([]string{cand[id]}, false)
-			t0 = time.Now()
-			if err := sims[inst].RemoveDevice(id); err != nil {
+			if err := sims[inst].RemoveDevice(dev.MatID); err != nil {
 				return err
 			}
 			cur[inst] = sims[inst].Fleet()
 		}
-		changes = append(changes, change{w, t0})
+		changes = append(changes, change{w, t0, rec})
 		if i < k-1 {
 			select {
 			case <-ctx.Done():
@@ -295,24 +321,49 @@ func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims
 		}
 	}
 	deadline := time.Now().Add(b.cfg.Timeout)
-	var lat []time.Duration
+	res := &reactions{}
+	var all, host, other []time.Duration
 	for _, c := range changes {
 		at, _, err := tr.Wait(ctx, c.w, deadline, alive)
-		if err == nil {
-			lat = append(lat, at.Sub(c.t0))
+		res.List = append(res.List, c.rec)
+		if err != nil {
+			continue
+		}
+		l := at.Sub(c.t0)
+		c.rec.Seconds = ptr(l.Seconds())
+		all = append(all, l)
+		if c.rec.Kind == string(plan.MachineTypeHost) {
+			host = append(host, l)
+		} else {
+			other = append(other, l)
 		}
 	}
-	r.Reactions = &reactions{Changes: len(changes), Seen: len(lat)}
-	for _, l := range lat {
-		r.Reactions.Seconds = append(r.Reactions.Seconds, l.Seconds())
-	}
-	if len(lat) > 0 {
-		r.Reactions.P50 = percentile(lat, 50).Seconds()
-		r.Reactions.P99 = percentile(lat, 99).Seconds()
-	}
-	b.logf("%s: reactions: %d of %d seen in %s, p50 %.2fs, p99 %.2fs", tag, len(lat), len(changes), since(start),
-		r.Reactions.P50, r.Reactions.P99)
+	res.Changes, res.Seen = len(changes), len(all)
+	res.All, res.Host, res.Other = summarize(all), summarize(host), summarize(other)
+	r.Reactions = res
+	b.logf("%s: reactions: %d of %d seen in %s, p50 %.2fs, p99 %.2fs; host changes p50 %.2fs (%d), others p50 %.2fs (%d)",
+		tag, len(all), len(changes), since(start), res.All.P50, res.All.P99, res.Host.P50, len(host), res.Other.P50, len(other))
 	return nil
+}
+
+// baseLeaf picks a random device of fl without DPUs that the reactions did
+// not add.
+func baseLeaf(fl *matsim.Fleet, extra map[string]bool, rng *rand.Rand) (matclient.Device, bool) {
+	var cand []matclient.Device
+	for _, d := range leaves(fl) {
+		if !extra[d.MatID] {
+			cand = append(cand, d)
+		}
+	}
+	if len(cand) == 0 {
+		return matclient.Device{}, false
+	}
+	return cand[rng.IntN(len(cand))], true
+}
+
+// summarize returns the count, p50 and p99 of ds (seconds).
+func summarize(ds []time.Duration) latencies {
+	return latencies{N: len(ds), P50: percentile(ds, 50).Seconds(), P99: percentile(ds, 99).Seconds()}
 }
 
 // allNames are the Service names every simulator's fleet asks for.

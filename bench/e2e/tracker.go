@@ -95,6 +95,13 @@ func (t *tracker) Count() int {
 	return len(t.present)
 }
 
+// Present reports whether the Service name exists now.
+func (t *tracker) Present(name string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.present[name]
+}
+
 // Expect registers a waiter for names to become present (want true) or
 // absent (want false). Register before making the change.
 func (t *tracker) Expect(names []string, want bool) *waiter {
