@@ -212,10 +212,15 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 			return backoff.Permanent(err)
 		}
 		if apierrors.IsInvalid(err) {
-			// Still transient (the holder may go away: an IP moving between
-			// instances), but not worth the whole backoff: the scheduler
-			// polls the instance again.
+			// The holder may go away by itself (an IP moving between
+			// instances): then the write stays transient, without the whole
+			// backoff, and the instance's next poll tries again. Otherwise
+			// (someone else's Service, or two instances reporting one BMC
+			// IP) it is permanent.
 			if allocRefusals++; allocRefusals >= allocAttempts {
+				if !w.allocationResolves(ctx, svc.Spec.ClusterIP) {
+					cls = Permanent
+				}
 				return backoff.Permanent(err)
 			}
 		}

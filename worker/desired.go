@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/plan"
 )
@@ -20,15 +22,18 @@ const desiredFresh = time.Second
 type desiredSet struct {
 	fetchedAt time.Time
 	names     map[string]bool
-	held      map[string]bool // mat_ids of held devices
+	ips       map[string]string // Service name -> BMC IP
+	held      map[string]bool   // mat_ids of held devices
 	holdAll   bool            // a device of the status is invalid: no deletes at all
 }
 
 // desiredOf extracts the desired set of d, fetched at fetchedAt.
 func desiredOf(d plan.Desired, fetchedAt time.Time) *desiredSet {
-	s := &desiredSet{fetchedAt: fetchedAt, names: make(map[string]bool, len(d.Services)), held: make(map[string]bool, len(d.Held))}
+	s := &desiredSet{fetchedAt: fetchedAt, names: make(map[string]bool, len(d.Services)),
+		ips: make(map[string]string, len(d.Services)), held: make(map[string]bool, len(d.Held))}
 	for _, svc := range d.Services {
 		s.names[svc.Name] = true
+		s.ips[svc.Name] = svc.Annotations[plan.AnnotationBMCIP]
 	}
 	for _, h := range d.Held {
 		s.held[h.MatID] = true
@@ -135,4 +140,43 @@ func (w *Worker) currentDesired(ctx context.Context, inst events.Instance, after
 		d := plan.Build(plan.Instance{Key: inst.Key, PodName: inst.PodName}, st, w.cfg.Plan)
 		return desiredOf(d, at), nil
 	})
+}
+
+// allocationResolves reports whether the refusal of cluster IP ip will end
+// by itself: the Service holding it is one of ours whose instance is gone,
+// or whose instance's newest status no longer gives it that IP (the IP
+// moved between devices of different instances, and the holder's sync will
+// free it). A holder that is not ours (unknown to the informer), or one
+// whose status still wants the IP (two instances report one BMC IP), does
+// not resolve by itself.
+func (w *Worker) allocationResolves(ctx context.Context, ip string) bool {
+	if ip == "" || w.services == nil {
+		return false
+	}
+	all, err := w.services.Services(w.cfg.Plan.Namespace).List(labels.Everything())
+	if err != nil {
+		return false
+	}
+	for _, h := range all {
+		if h.Spec.ClusterIP != ip {
+			continue
+		}
+		key := h.Labels[plan.LabelInstance]
+		if key == "" {
+			return false
+		}
+		rec, found, err := w.bus.LastInstance(ctx, key)
+		if err != nil {
+			return true // cannot tell; keep retrying
+		}
+		if !found || !rec.Present() {
+			return true // its instance is gone: the clean-up frees it
+		}
+		set, err := w.currentDesired(ctx, rec.Instance, time.Now().Add(-desiredFresh))
+		if err != nil {
+			return true
+		}
+		return set.ips[h.Name] != ip
+	}
+	return false
 }

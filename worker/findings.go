@@ -9,13 +9,24 @@ import (
 )
 
 // holdsDeletes reports whether a device held for reason r stops every
-// delete of its instance.
+// delete of its instance (an invalid device might be any of its Services).
 func holdsDeletes(r plan.HoldReason) bool {
-	return false
+	return r == plan.HoldInvalidDevice
 }
 
-// reportWarnings publishes each warning of d once per worker process.
+// reportWarnings publishes each warning of d (e.g. a duplicate endpoint
+// dropped from a Service) once per worker process and instance: a
+// warning repeats on every sync while the status stays the same.
 func (w *Worker) reportWarnings(ctx context.Context, key string, d plan.Desired) {
+	for _, wn := range d.Warnings {
+		id := key + "\x00" + wn.MatID + "\x00" + wn.Detail
+		if _, seen := w.warned.LoadOrStore(id, struct{}{}); seen {
+			continue
+		}
+		w.log.Warn("plan warning", "instance", key, "mat_id", wn.MatID, "service", wn.Name, "detail", wn.Detail)
+		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: wn.MatID,
+			Service: w.cfg.Plan.Namespace + "/" + wn.Name, Message: "warning: " + wn.Detail})
+	}
 }
 
 // reportSkipped publishes an error event for each desired Service whose
@@ -23,8 +34,13 @@ func (w *Worker) reportWarnings(ctx context.Context, key string, d plan.Desired)
 // across instances or with another tool.
 func (w *Worker) reportSkipped(ctx context.Context, key string, p plan.Plan) {
 	for _, s := range p.Skipped {
-		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key,
-			Service: w.cfg.Plan.Namespace + "/" + s.Name, Permanent: true,
-			Message: fmt.Sprintf("Service name %s is taken: %s", s.Name, s.Reason)})
+		msg := fmt.Sprintf("Service name %s is taken: %s", s.Name, s.Reason)
+		if s.HaveMatID != "" && s.HaveMatID != s.WantMatID {
+			// Two different mat_ids map to one name: a name collision.
+			msg = fmt.Sprintf("Service name collision: mat_id %q (this instance) and mat_id %q (instance label %q) both map to %s; the existing Service stays: %s",
+				s.WantMatID, s.HaveMatID, s.HaveInstance, s.Name, s.Reason)
+		}
+		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: s.WantMatID,
+			Service: w.cfg.Plan.Namespace + "/" + s.Name, Permanent: true, Message: msg})
 	}
 }

@@ -49,10 +49,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 		if err != nil && res.Error == "" {
 			res.Error = err.Error()
 		}
-		switch res.Outcome {
-		case events.OutcomeSynced, events.OutcomeUnchanged, events.OutcomeApplyFailed:
-			w.syncs.Add(1)
-		}
+		w.syncs.Add(1)
 		if res.Outcome == events.OutcomeApplyFailed {
 			w.failed.Add(1)
 		}
@@ -230,8 +227,12 @@ func (w *Worker) reportPlanFindings(ctx context.Context, key string, d plan.Desi
 		if h.Reason == plan.HoldNoBMCIP {
 			continue
 		}
+		svc := ""
+		if h.Name != "" {
+			svc = w.cfg.Plan.Namespace + "/" + h.Name
+		}
 		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: h.MatID,
-			Service: w.cfg.Plan.Namespace + "/" + h.Name, Message: fmt.Sprintf("%s: %s", h.Reason, h.Detail), Permanent: true})
+			Service: svc, Message: fmt.Sprintf("%s: %s", h.Reason, h.Detail), Permanent: true})
 	}
 	w.reportWarnings(ctx, key, d)
 }
