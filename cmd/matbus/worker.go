@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/matclient"
@@ -168,6 +170,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	reg := prometheus.NewRegistry()
+	countKubeRequests(cfg, reg)
 	kube, err := kubeClient(cfg)
 	if err != nil {
 		return err
@@ -185,7 +189,6 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
 	workerMetrics(reg, w)
 	ready := func() bool { return w.Ready() && nc.IsConnected() }
 	if err := serveHealth(ctx, healthAddr, ready, reg, log); err != nil {
@@ -193,3 +196,23 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	}
 	return w.Run(ctx)
 }
+
+// countKubeRequests counts every request of cfg's clients by HTTP method
+// in matbus_kube_requests_total{method} (a watch counts once, when it
+// starts). In steady state a worker makes none: every read comes from its
+// informer.
+func countKubeRequests(cfg *rest.Config, reg *prometheus.Registry) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Name: "kube_requests_total",
+		Help: "Kubernetes API requests sent, by HTTP method (a watch counts once, when it starts)."}, []string{"method"})
+	reg.MustRegister(c)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripper(func(r *http.Request) (*http.Response, error) {
+			c.WithLabelValues(r.Method).Inc()
+			return rt.RoundTrip(r)
+		})
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
