@@ -19,7 +19,7 @@ import (
 )
 
 // errNotOurs is returned when a Service name we want is taken by a Service
-// that another tool manages.
+// that another tool manages, or another instance's.
 var errNotOurs = errors.New("a Service of that name exists and is not managed by matbus")
 
 // errOutsideRange is returned by recreate, before it deletes anything, when
@@ -344,6 +344,9 @@ func (w *Worker) reconverge(ctx context.Context, want *corev1.Service) error {
 	}
 	if cur.Labels[plan.LabelManagedBy] != w.managedBy() {
 		return fmt.Errorf("%w: %s/%s", errNotOurs, cur.Namespace, cur.Name)
+	}
+	if inst, ok := cur.Labels[plan.LabelInstance]; ok && inst != want.Labels[plan.LabelInstance] {
+		return fmt.Errorf("%w: %s/%s belongs to instance %q (mat_id %q)", errNotOurs, cur.Namespace, cur.Name, inst, cur.Annotations[plan.AnnotationMatID])
 	}
 	p := plan.Diff(plan.Desired{Services: []*corev1.Service{want}}, []*corev1.Service{cur}, w.cfg.Plan)
 	switch {

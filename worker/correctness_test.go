@@ -257,7 +257,7 @@ func TestInvalidDeviceHoldsDeletes(t *testing.T) {
 
 	// dev-b is gone, dev-c is new, and one device has an empty mat_id.
 	srv.body.Store(statusBody(2, device("dev-a", "10.96.67.1"), device("dev-c", "10.96.67.3"), device("", "10.96.67.4")))
-	e.waitServices("mat-bmc-host-dev-a", "mat-bmc-host-dev-c")
+	waitFor(t, "dev-c's Service", func() (bool, string) { return e.service("mat-bmc-host-dev-c") != nil, "missing" })
 	waitFor(t, "the invalid device reported", func() (bool, string) {
 		for _, ev := range e.errs.Of(events.ErrorPlan) {
 			if strings.Contains(ev.Message, "machines[2]") {

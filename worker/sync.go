@@ -173,7 +173,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob) (events.SyncRe
 	desired := plan.Build(plan.Instance{Key: key, PodName: inst.PodName, Owner: owner}, st, w.cfg.Plan)
 	w.desired.put(key, desiredOf(desired, fetchedAt))
 	w.reportPlanFindings(ctx, key, desired)
-	existing, err := w.existing(key)
+	existing, err := w.existing(key, desired.Services)
 	if err != nil {
 		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
 	}
@@ -282,7 +282,11 @@ func (w *Worker) owner(ctx context.Context, inst events.Instance, refresh bool) 
 // existing lists, from the informer cache, the Services of instance key plus
 // the old controller's Services (managed-by ours, no instance label) that
 // plan.Diff may adopt.
-func (w *Worker) existing(key string) ([]*corev1.Service, error) {
+//
+// Services of other instances that carry a desired name are added too, so
+// that Diff reports the name as taken (a collision) instead of planning a
+// create that can only fail.
+func (w *Worker) existing(key string, desired []*corev1.Service) ([]*corev1.Service, error) {
 	lister := w.services.Services(w.cfg.Plan.Namespace)
 	mine, err := lister.List(plan.InstanceSelector(w.cfg.Plan, key))
 	if err != nil {
@@ -297,6 +301,18 @@ func (w *Worker) existing(key string) ([]*corev1.Service, error) {
 		return nil, fmt.Errorf("worker: list Services: %w", err)
 	}
 	out := append(append([]*corev1.Service{}, mine...), old...)
+	seen := make(map[string]bool, len(out))
+	for _, s := range out {
+		seen[s.Name] = true
+	}
+	for _, d := range desired {
+		if seen[d.Name] {
+			continue
+		}
+		if s, err := lister.Get(d.Name); err == nil {
+			out = append(out, s)
+		}
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
