@@ -335,6 +335,9 @@ type instance struct {
 	srv   *http.Server
 	open  atomic.Int64
 	total atomic.Int64
+	// inflight counts status requests being served; maxInflight is its
+	// highest value so far.
+	inflight, maxInflight atomic.Int64
 }
 
 var subnetBlock atomic.Int64 // /22 blocks handed out from 10.100.0.0
@@ -377,7 +380,18 @@ func (w *world) newInstance(name string, spec fleetSpec, slow time.Duration) *in
 		w.t.Fatal(err)
 	}
 	in.url = "http://" + ln.Addr().String()
-	in.srv = &http.Server{Handler: sim, ReadHeaderTimeout: 10 * time.Second,
+	counting := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		n := in.inflight.Add(1)
+		defer in.inflight.Add(-1)
+		for {
+			m := in.maxInflight.Load()
+			if n <= m || in.maxInflight.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		sim.ServeHTTP(rw, r)
+	})
+	in.srv = &http.Server{Handler: counting, ReadHeaderTimeout: 10 * time.Second,
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			switch st {
 			case http.StateNew:
