@@ -267,7 +267,8 @@ func (b *Bus) Publish(ctx context.Context, subject string, typ Type, id string, 
 
 // PublishRaw publishes an already encoded body; see Publish. A body larger
 // than the server's max_payload (or the stream's maximum message size) is
-// not retried: the error wraps nats.ErrMaxPayload or the server's answer.
+// not retried: the error wraps nats.ErrMaxPayload or the server's answer;
+// neither is a publish on a closed connection (nats.ErrConnectionClosed).
 // When retries end because ctx ended, the error names the last cause seen
 // before (wrapped too), not only the context's error.
 func (b *Bus) PublishRaw(ctx context.Context, subject, id string, body []byte) error {
@@ -287,6 +288,9 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, body []byte) e
 		}
 		if isTooBig(err) {
 			return backoff.Permanent(fmt.Errorf("%w (%d bytes)", err, len(body)))
+		}
+		if errors.Is(err, nats.ErrConnectionClosed) {
+			return backoff.Permanent(err) // closed for good: retrying cannot help
 		}
 		if ctx.Err() != nil {
 			return backoff.Permanent(err)

@@ -287,3 +287,16 @@ func TestReporterRedacts(t *testing.T) {
 		t.Fatalf("event %+v", e2)
 	}
 }
+
+// TestPublishRawClosedConnectionFailsAtOnce: a closed connection never
+// comes back, so a publish on it is not retried.
+func TestPublishRawClosedConnectionFailsAtOnce(t *testing.T) {
+	nc := startNATS(t, 0)
+	b := busOn(t, nc)
+	nc.Close()
+	start := time.Now()
+	err := b.PublishRaw(context.Background(), b.Subjects.Error(ErrorEvent), "", []byte("{}"))
+	if !errors.Is(err, nats.ErrConnectionClosed) || !strings.Contains(err.Error(), "(1 attempts)") || time.Since(start) > time.Second {
+		t.Fatalf("PublishRaw on a closed connection after %s: %v", time.Since(start), err)
+	}
+}
