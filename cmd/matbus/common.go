@@ -71,6 +71,13 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 			}
 			log.Warn("NATS error", "error", err)
 		}),
+		// nats.go gives up when the server refuses the credentials twice: say so.
+		nats.ClosedHandler(func(c *nats.Conn) {
+			if err := c.LastError(); errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+				errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) {
+				log.Error("NATS refused the credentials; connection closed, not reconnecting", "url", events.StripUserInfo(o.url), "error", err)
+			}
+		}),
 	}
 	if o.creds != "" {
 		opts = append(opts, nats.UserCredentials(o.creds))
