@@ -155,16 +155,20 @@ func TestFlagSecrets(t *testing.T) {
 }
 
 // TestLoggerRedactsFlagSecrets: the subcommands' logger hides the password
-// given in --nats-url (here from the environment) and the final error line
-// of a failed subcommand hides the URL's user info.
+// given in --nats-url (here from the environment) and the JWT and seed of
+// the --nats-creds file, and the final error line of a failed subcommand
+// hides the URL's user info.
 func TestLoggerRedactsFlagSecrets(t *testing.T) {
 	const pw = "Env-pa55-8d7c6b"
+	const jwt, seed = "eyJhbGciOiJlZDI1NTE5In0.eyJzdWIiOiJVQUJDIn0.c2lnLXh5eg", "SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY"
+	creds := filepath.Join(t.TempDir(), "u.creds")
+	writeFile(t, creds, "-----BEGIN NATS USER JWT-----\n"+jwt+"\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n"+seed+"\n------END USER NKEY SEED------\n")
 	fs := newFlagSet("t", "", io.Discard)
 	var n natsOpts
 	var l logOpts
 	n.register(fs)
 	l.register(fs)
-	env := map[string]string{"MATBUS_NATS_URL": "nats://svc:" + pw + "@nats.example:4222", "MATBUS_LOG_FORMAT": "json"}
+	env := map[string]string{"MATBUS_NATS_URL": "nats://svc:" + pw + "@nats.example:4222", "MATBUS_LOG_FORMAT": "json", "MATBUS_NATS_CREDS": creds}
 	if err := parseWithEnv(fs, nil, func(k string) string { return env[k] }); err != nil {
 		t.Fatal(err)
 	}
@@ -173,9 +177,11 @@ func TestLoggerRedactsFlagSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log.Info("using", "url", n.url, "echo", "the password is "+pw)
-	if strings.Contains(buf.String(), pw) || !strings.Contains(buf.String(), `"url":"nats://***@nats.example:4222"`) {
-		t.Fatalf("log line: %s", buf.String())
+	log.Info("using", "url", n.url, "echo", "the password is "+pw, "creds", jwt+" "+seed)
+	line := buf.String()
+	if strings.Contains(line, pw) || strings.Contains(line, jwt) || strings.Contains(line, seed) ||
+		!strings.Contains(line, `"url":"nats://***@nats.example:4222"`) || !strings.Contains(line, `"creds":"[redacted] [redacted]"`) {
+		t.Fatalf("log line: %s", line)
 	}
 
 	// nats.Connect fails on the port; its error quotes the whole URL.
