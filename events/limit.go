@@ -81,7 +81,7 @@ func fitError(e Error, limit int, encode func(Error) ([]byte, error)) ([]byte, e
 
 // MaxEventBytes returns how large an encoded event may be to be published
 // on this bus's connection: the server's max_payload (DefaultMaxPayload
-// while not known yet) less PayloadHeadroom, in bytes.
+// while not known yet) less PayloadHeadroom, in bytes, and at least 1024.
 func (b *Bus) MaxEventBytes() int {
 	mp := int64(DefaultMaxPayload)
 	if nc := b.JS.Conn(); nc != nil && nc.MaxPayload() > 0 {
