@@ -207,7 +207,7 @@ func (b *bench) scenario(ctx context.Context) error {
 			return err
 		}
 		b.result.Idle = &w
-		b.logf("idle API server: %.1f requests/min over %s (%s)", w.PerMinute, since(t), w.Raw)
+		b.logf("idle API server: %.1f requests/min over %s (%s)", w.PerMinute, since(t), orNone(w.Raw.String()))
 	}
 	for _, n := range b.cfg.Workers {
 		if ctx.Err() != nil {

@@ -180,7 +180,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 	r.API = &api
 	b.logf("%s: steady %s: %.1f API requests/min (%s; %d of the harness), %.2f MAT GETs/instance/min, %.2f new connections/instance",
-		tag, since(t), api.PerMinute, api.Raw, api.Harness, r.MATGetsPerInstanceMin, r.NewConnsPerInstance)
+		tag, since(t), api.PerMinute, orNone(api.Raw.String()), api.Harness, r.MATGetsPerInstanceMin, r.NewConnsPerInstance)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -242,7 +242,9 @@ func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time,
 // without DPUs (DPU, switch or power shelf), add a power shelf, remove a
 // host added before (whose Service exists; else another base device). MAT
 // (and matsim) bump the status generation only when the set of hosts
-// changes, so the host changes and the others are also reported apart.
+// changes, so the host changes and the others are also reported apart,
+// and made on disjoint instances (even and odd ones; both on the one
+// instance of a one-simulator run).
 func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims []*matsim.Server, cur []*matsim.Fleet, alive func() error, tag string) error {
 	k := b.cfg.Reactions
 	if k == 0 {
@@ -264,14 +266,29 @@ func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims
 	}
 	var changes []change
 	start := time.Now()
+	// Host changes and the others go to disjoint instances, so that a
+	// host change never carries along another change on its instance.
+	hostInsts, otherInsts := []int{0}, []int{0}
+	if len(sims) > 1 {
+		hostInsts, otherInsts = nil, nil
+		for i := range sims {
+			if i%2 == 0 {
+				hostInsts = append(hostInsts, i)
+			} else {
+				otherInsts = append(otherInsts, i)
+			}
+		}
+	}
+	pick := func(insts []int) int { return insts[rng.IntN(len(insts))] }
 	for i := range k {
-		inst, add := rng.IntN(len(sims)), i%2 == 0
+		add := i%2 == 0
+		var inst int
 		var dev matclient.Device
 		switch i % 4 {
 		case 0:
-			dev, hosts = hosts[0], hosts[1:]
+			inst, dev, hosts = pick(hostInsts), hosts[0], hosts[1:]
 		case 2:
-			dev, shelves = shelves[0], shelves[1:]
+			inst, dev, shelves = pick(otherInsts), shelves[0], shelves[1:]
 		case 3:
 			var ready []*addedHost
 			for _, a := range added {
@@ -285,6 +302,7 @@ func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims
 			}
 		}
 		if !add && dev.MatID == "" {
+			inst = pick(otherInsts)
 			var ok bool
 			if dev, ok = baseLeaf(cur[inst], extra, rng); !ok {
 				continue
