@@ -67,8 +67,10 @@ type SchedulerStats struct {
 	Dispatched map[string]int64
 	// Results counts sync results received, by outcome.
 	Results map[string]int64
-	// Missed counts instances that fell behind their interval, by cause
-	// ("capacity": jobs did not finish in time; "backoff": out of rotation).
+	// Missed counts instances that fell behind their interval, by cause:
+	// "backoff" (its fetches failed: out of rotation or about to be),
+	// "capacity" (its job did not finish in time: busy workers, or a MAT
+	// that is slow or hangs before its first failure is known).
 	Missed map[string]int64
 	// LastDispatch is when a job was last published.
 	LastDispatch time.Time
