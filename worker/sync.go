@@ -40,7 +40,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 			return &jobError{Err: err, Reported: true}
 		}
 		start := time.Now()
-		res, err := w.syncJob(ctx, job)
+		res, err := w.syncJob(ctx, job, env.ID)
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 			return context.Canceled
 		}
@@ -81,7 +81,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 // Sync runs a full sync of instance key (see syncJob) and returns nil
 // when every write succeeded, or the failure.
 func (w *Worker) Sync(ctx context.Context, key string) error {
-	res, err := w.syncJob(ctx, events.SyncJob{Key: key, Reason: events.ReasonResync})
+	res, err := w.syncJob(ctx, events.SyncJob{Key: key, Reason: events.ReasonResync}, "")
 	if err != nil {
 		return err
 	}
@@ -101,7 +101,11 @@ func (w *Worker) Sync(ctx context.Context, key string) error {
 // wanted. A failed or invalid fetch is reported to <prefix>.errors.fetch
 // and changes nothing. It returns the outcome, and an error only when ctx
 // ended.
-func (w *Worker) syncJob(ctx context.Context, job events.SyncJob) (events.SyncResult, error) {
+//
+// An instance that goes away while its sync applies creates is cleaned up
+// again by the sync itself (see afterGone), so a create that raced the
+// clean-up's list leaves no orphan.
+func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) (events.SyncResult, error) {
 	key := job.Key
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	if err != nil {
@@ -183,6 +187,9 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob) (events.SyncRe
 		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate), "delete", len(p.Delete))
 	}
 	err = w.apply(ctx, key, p, fetchedAt)
+	if len(p.Create)+len(p.Recreate) > 0 && ctx.Err() == nil {
+		w.afterGone(ctx, key, rec.Seq, jobID)
+	}
 	var je *jobError
 	switch {
 	case err == nil:
@@ -199,6 +206,24 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob) (events.SyncRe
 	default:
 		w.memo.invalidate(key)
 		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
+	}
+}
+
+// afterGone cleans up instance key again when its record changed to gone
+// since the sync read it at sequence seq: the clean-up job's list may have
+// run before this sync's creates.
+func (w *Worker) afterGone(ctx context.Context, key string, seq uint64, jobID string) {
+	rec, found, err := w.bus.LastInstance(ctx, key)
+	// No record is a lost stream, not a gone instance: nothing is deleted.
+	if err != nil || !found || rec.Present() || rec.Seq == seq {
+		return
+	}
+	w.log.Info("instance went away during its sync: cleaning up again", "instance", key)
+	if jobID == "" {
+		jobID = fmt.Sprintf("sync-%d", time.Now().UnixNano())
+	}
+	if err := w.cleanup(ctx, key, "after-"+jobID); err != nil && ctx.Err() == nil {
+		w.log.Warn("clean-up after a sync raced the instance's removal failed; the sweep repeats it", "instance", key, "error", err)
 	}
 }
 
