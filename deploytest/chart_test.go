@@ -163,8 +163,9 @@ func TestChartKEDAScalesOnSyncConsumer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if md["stream"] != bus.StreamName("SYNC") || md["consumer"] != events.SyncConsumer {
-			t.Errorf("prefix %q: trigger on %s/%s, want %s/%s", prefix, md["stream"], md["consumer"], bus.StreamName("SYNC"), events.SyncConsumer)
+		// all-features-values.yaml puts the pipeline in namespace mat-lab.
+		if want := events.ConsumerName(events.SyncConsumer, "mat-lab"); md["stream"] != bus.StreamName("SYNC") || md["consumer"] != want {
+			t.Errorf("prefix %q: trigger on %s/%s, want %s/%s", prefix, md["stream"], md["consumer"], bus.StreamName("SYNC"), want)
 		}
 		for _, k := range []string{"natsServerMonitoringEndpoint", "account", "lagThreshold"} {
 			if md[k] == "" {

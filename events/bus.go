@@ -42,6 +42,14 @@ type Config struct {
 	// MaxAckPending bounds jobs in flight per durable consumer over all
 	// workers; default 512.
 	MaxAckPending int
+	// Namespace is the pipeline's namespace, the first token of every
+	// instance key it handles. When set, the job consumers are per
+	// namespace (ConsumerName) and filtered to its subjects, and Instances
+	// and SubscribeResults see only its keys, so pipelines of several
+	// namespaces share one NATS and prefix without crossing. It must be a
+	// DNS label (see Key). Empty means every namespace: fine for readers
+	// such as `matbus errors`, and for a single pipeline on the prefix.
+	Namespace string
 }
 
 func (c Config) withDefaults() Config {
@@ -78,11 +86,23 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Durable consumer names shared by all workers.
+// The two job consumer roles. With Config.Namespace set, the durable
+// consumer of a role is named ConsumerName(role, namespace), e.g.
+// "matbus-sync-team-a"; without it, the role itself.
 const (
 	SyncConsumer   = "matbus-sync"
 	DeleteConsumer = "matbus-delete"
 )
+
+// ConsumerName returns the durable name of the job consumer of role
+// (SyncConsumer or DeleteConsumer) shared by the workers of namespace ns:
+// "<role>-<ns>", or role when ns is empty.
+func ConsumerName(role, ns string) string {
+	if ns == "" {
+		return role
+	}
+	return role + "-" + ns
+}
 
 // Bus is matbus's handle on JetStream: layout, publishing and reads of the
 // instance stream. It is safe for concurrent use.
@@ -102,6 +122,11 @@ func New(nc *nats.Conn, cfg Config, log *slog.Logger) (*Bus, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream: %w", err)
+	}
+	if cfg.Namespace != "" {
+		if _, err := Key(cfg.Namespace, "x"); err != nil {
+			return nil, fmt.Errorf("events: pipeline namespace: %w", err)
+		}
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -204,11 +229,13 @@ func streamSame(a, b jetstream.StreamConfig) bool {
 		a.Duplicates == b.Duplicates && a.Description == b.Description
 }
 
-// ConsumerConfig returns the durable pull consumer configuration for
-// SyncConsumer or DeleteConsumer.
-func (b *Bus) ConsumerConfig(name string) jetstream.ConsumerConfig {
-	return jetstream.ConsumerConfig{
-		Durable:       name,
+// ConsumerConfig returns the durable pull consumer configuration of role
+// (SyncConsumer or DeleteConsumer): named ConsumerName(role, Namespace),
+// and with a namespace filtered to that namespace's job subjects.
+func (b *Bus) ConsumerConfig(role string) jetstream.ConsumerConfig {
+	ns := b.cfg.Namespace
+	cfg := jetstream.ConsumerConfig{
+		Durable:       ConsumerName(role, ns),
 		Description:   "matbus workers share these jobs",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -216,22 +243,43 @@ func (b *Bus) ConsumerConfig(name string) jetstream.ConsumerConfig {
 		MaxDeliver:    b.cfg.MaxDeliver,
 		MaxAckPending: b.cfg.MaxAckPending,
 	}
+	if ns != "" {
+		cfg.Description = "matbus workers of namespace " + ns + " share these jobs"
+		if role == DeleteConsumer {
+			cfg.FilterSubjects = []string{b.Subjects.DeleteJobsIn(ns)}
+		} else {
+			cfg.FilterSubjects = []string{b.Subjects.SyncJobsIn(ns), b.Subjects.CleanupJobsIn(ns)}
+		}
+	}
+	return cfg
 }
 
-// EnsureConsumer returns the durable pull consumer name (SyncConsumer or
-// DeleteConsumer), creating or updating it when missing or different. It
-// returns an error wrapping jetstream.ErrStreamNotFound when its stream is gone.
-func (b *Bus) EnsureConsumer(ctx context.Context, name string) (jetstream.Consumer, error) {
-	stream := b.StreamName("SYNC")
-	if name == DeleteConsumer {
-		stream = b.StreamName("DELETE")
+// consumerStream is the stream of role's jobs.
+func (b *Bus) consumerStream(role string) string {
+	if role == DeleteConsumer {
+		return b.StreamName("DELETE")
 	}
-	want := b.ConsumerConfig(name)
+	return b.StreamName("SYNC")
+}
+
+// EnsureConsumer returns the durable pull consumer of role (SyncConsumer
+// or DeleteConsumer) for this bus's namespace, creating or updating it
+// when missing or different (see ConsumerConfig). A work-queue stream
+// takes no two consumers that could receive the same message, so creating
+// a namespace's consumer first removes the unfiltered consumer named role
+// that releases without namespaces used; its unacknowledged jobs stay in
+// the stream for the new consumers. It returns an error wrapping
+// jetstream.ErrStreamNotFound when the stream is gone.
+func (b *Bus) EnsureConsumer(ctx context.Context, role string) (jetstream.Consumer, error) {
+	stream := b.consumerStream(role)
+	want := b.ConsumerConfig(role)
+	name := want.Durable
 	c, err := b.JS.Consumer(ctx, stream, name)
 	if err == nil {
 		have := c.CachedInfo().Config
 		if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
-			have.MaxAckPending == want.MaxAckPending && have.AckPolicy == want.AckPolicy {
+			have.MaxAckPending == want.MaxAckPending && have.AckPolicy == want.AckPolicy &&
+			slices.Equal(filters(have), filters(want)) {
 			return c, nil
 		}
 		c, err = b.JS.UpdateConsumer(ctx, stream, want)
@@ -243,12 +291,47 @@ func (b *Bus) EnsureConsumer(ctx context.Context, name string) (jetstream.Consum
 	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("events: look up consumer %s on %s: %w", name, stream, err)
 	}
+	if name != role {
+		if err := b.removeUnfiltered(ctx, stream, role); err != nil {
+			return nil, err
+		}
+	}
 	c, err = b.JS.CreateOrUpdateConsumer(ctx, stream, want)
 	if err != nil {
 		return nil, fmt.Errorf("events: create consumer %s on %s: %w", name, stream, err)
 	}
-	b.log.Info("consumer created", "stream", stream, "consumer", name)
+	b.log.Info("consumer created", "stream", stream, "consumer", name, "filter", filters(want))
 	return c, nil
+}
+
+// removeUnfiltered deletes the consumer named role on stream if it has no
+// subject filter (it would take every namespace's jobs).
+func (b *Bus) removeUnfiltered(ctx context.Context, stream, role string) error {
+	old, err := b.JS.Consumer(ctx, stream, role)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("events: look up consumer %s on %s: %w", role, stream, err)
+	}
+	if len(filters(old.CachedInfo().Config)) > 0 {
+		return nil
+	}
+	if err := b.JS.DeleteConsumer(ctx, stream, role); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("events: remove unfiltered consumer %s on %s: %w", role, stream, err)
+	}
+	b.log.Warn("unfiltered job consumer removed: workers share jobs per namespace now", "stream", stream, "consumer", role)
+	return nil
+}
+
+// filters returns the subject filters of c, sorted.
+func filters(c jetstream.ConsumerConfig) []string {
+	out := slices.Clone(c.FilterSubjects)
+	if c.FilterSubject != "" {
+		out = append(out, c.FilterSubject)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Publish encodes data as an event of typ and publishes it on subject with
@@ -364,7 +447,8 @@ func decodeInstanceRecord(body []byte) (InstanceRecord, error) {
 	return InstanceRecord{Type: env.Type, Instance: inst}, nil
 }
 
-// Instances returns the current record of every instance subject, keyed by
+// Instances returns the current record of every instance subject of the
+// bus's namespace (every namespace when Config.Namespace is empty), keyed by
 // instance key. Records that do not decode are skipped and their keys
 // returned in bad, so the caller can report them.
 func (b *Bus) Instances(ctx context.Context) (recs map[string]InstanceRecord, bad []string, err error) {
@@ -372,7 +456,7 @@ func (b *Bus) Instances(ctx context.Context) (recs map[string]InstanceRecord, ba
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: instances stream: %w", err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.Instances()))
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.InstancesIn(b.cfg.Namespace)))
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: instances stream info: %w", err)
 	}

@@ -23,12 +23,14 @@ func (b *Bus) PublishResult(id string, r SyncResult) error {
 }
 
 // SubscribeResults calls fn for every sync result published under this
-// bus's prefix, from the connection's dispatch goroutine (fn must not
+// bus's prefix for its namespace (every namespace when Config.Namespace is
+// empty), from the connection's dispatch goroutine (fn must not
 // block for long). A message that does not decode, or whose key does not
 // match its subject, is passed to bad with the reason. Unsubscribe the
 // returned subscription to stop.
 func (b *Bus) SubscribeResults(fn func(SyncResult), bad func(subject string, err error)) (*nats.Subscription, error) {
-	sub, err := b.JS.Conn().Subscribe(b.Subjects.Results(), func(m *nats.Msg) {
+	subject := b.Subjects.ResultsIn(b.cfg.Namespace)
+	sub, err := b.JS.Conn().Subscribe(subject, func(m *nats.Msg) {
 		env, err := Decode(m.Data)
 		var r SyncResult
 		if err == nil {
@@ -48,7 +50,7 @@ func (b *Bus) SubscribeResults(fn func(SyncResult), bad func(subject string, err
 		fn(r)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("events: subscribe %s: %w", b.Subjects.Results(), err)
+		return nil, fmt.Errorf("events: subscribe %s: %w", subject, err)
 	}
 	return sub, nil
 }

@@ -65,6 +65,32 @@ func (s Subjects) Result(key string) string { return s.p() + ".results." + key }
 // Results matches every result subject.
 func (s Subjects) Results() string { return s.p() + ".results.>" }
 
+// InstancesIn matches the instance subjects of namespace ns (every
+// namespace when ns is empty); SyncJobsIn, CleanupJobsIn, DeleteJobsIn and
+// ResultsIn likewise. A pipeline reads only its own namespace's subjects
+// (docs/adr/0008-one-pipeline-per-namespace.md).
+func (s Subjects) InstancesIn(ns string) string { return s.in(s.Instances(), ns) }
+
+// SyncJobsIn matches the sync subjects of namespace ns (all when empty).
+func (s Subjects) SyncJobsIn(ns string) string { return s.in(s.SyncJobs(), ns) }
+
+// CleanupJobsIn matches the clean-up subjects of namespace ns (all when empty).
+func (s Subjects) CleanupJobsIn(ns string) string { return s.in(s.CleanupJobs(), ns) }
+
+// DeleteJobsIn matches the delete subjects of namespace ns (all when empty).
+func (s Subjects) DeleteJobsIn(ns string) string { return s.in(s.DeleteJobs(), ns) }
+
+// ResultsIn matches the result subjects of namespace ns (all when empty).
+func (s Subjects) ResultsIn(ns string) string { return s.in(s.Results(), ns) }
+
+// in narrows a "<...>.>" wildcard to "<...>.<ns>.*".
+func (s Subjects) in(all, ns string) string {
+	if ns == "" {
+		return all
+	}
+	return strings.TrimSuffix(all, ">") + ns + ".*"
+}
+
 // Errors matches every error subject ("mat.errors.>").
 func (s Subjects) Errors() string { return s.p() + ".errors.>" }
 

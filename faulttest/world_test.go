@@ -370,6 +370,11 @@ func (w *world) newInstance(name string, spec fleetSpec, slow time.Duration) *in
 	if err != nil {
 		w.t.Fatal(err)
 	}
+	// No NVOS IPs: every Service here is a BMC's, so counts are BMCs
+	// (NVOS Services are tested in the worker package).
+	for i := range fleet.Machines {
+		fleet.Machines[i].NvosIP = ""
+	}
 	sim, err := matsim.New(matsim.Options{Fleet: fleet, SlowDelay: slow})
 	if err != nil {
 		w.t.Fatal(err)
@@ -545,11 +550,12 @@ func (w *world) waitFor(what string, timeout time.Duration, cond func() (bool, s
 	}
 }
 
-// consumerInfo reads a job consumer's state.
-func (w *world) consumerInfo(stream, name string) (*jetstream.ConsumerInfo, error) {
+// consumerInfo reads the state of the job consumer of role
+// (events.SyncConsumer or DeleteConsumer) of the test's namespace.
+func (w *world) consumerInfo(stream, role string) (*jetstream.ConsumerInfo, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	c, err := w.bus.JS.Consumer(ctx, w.bus.StreamName(stream), name)
+	c, err := w.bus.JS.Consumer(ctx, w.bus.StreamName(stream), events.ConsumerName(role, w.ns))
 	if err != nil {
 		return nil, err
 	}

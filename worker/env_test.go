@@ -242,7 +242,7 @@ func (e *env) connect(source string) (*nats.Conn, *events.Bus) {
 	if err != nil {
 		e.t.Fatalf("nats connect: %v", err)
 	}
-	bus, err := events.New(nc, events.Config{Memory: true, Source: source}, e.log.With("part", source))
+	bus, err := events.New(nc, events.Config{Memory: true, Source: source, Namespace: e.ns}, e.log.With("part", source))
 	if err != nil {
 		nc.Close()
 		e.t.Fatalf("bus: %v", err)

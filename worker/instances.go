@@ -13,7 +13,7 @@ import (
 )
 
 // runInstances feeds the client cache from the instances stream. Every
-// worker reads every instance event through an ordered consumer starting
+// worker reads every instance event of its namespace through an ordered consumer starting
 // with the last event per instance, so a worker that starts late sees the
 // current set. Every InstanceResync the cache is also checked against the
 // stream, which catches gone events lost with a server's store.
@@ -24,7 +24,7 @@ func (w *Worker) runInstances(ctx context.Context) {
 	defer resync.Stop()
 	for ctx.Err() == nil {
 		cons, err := w.bus.JS.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{w.bus.Subjects.Instances()},
+			FilterSubjects: []string{w.bus.Subjects.InstancesIn(w.cfg.Plan.Namespace)},
 			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 		})
 		if err != nil {

@@ -125,10 +125,15 @@ type Worker struct {
 
 // New returns a Worker. factory makes MAT clients on cache misses
 // (normally a wrapper of matclient.New); report receives every failure.
+// The bus's namespace (events.Config.Namespace) must be cfg.Plan.Namespace:
+// the worker takes only the jobs and instance events of that namespace.
 func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientFactory, report *events.Reporter, log *slog.Logger) (*Worker, error) {
 	cfg = cfg.withDefaults()
 	if cfg.Plan.Namespace == "" {
 		return nil, errors.New("worker: no target namespace")
+	}
+	if ns := bus.Config().Namespace; ns != cfg.Plan.Namespace {
+		return nil, fmt.Errorf("worker: the bus is for namespace %q, the worker for %q: a worker takes only its own namespace's jobs (set events.Config.Namespace)", ns, cfg.Plan.Namespace)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

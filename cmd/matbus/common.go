@@ -28,6 +28,9 @@ import (
 type natsOpts struct {
 	url, creds, prefix string
 	memory             bool
+	// namespace is the pipeline's namespace (events.Config.Namespace),
+	// set by the subcommand; empty for readers of every namespace.
+	namespace string
 }
 
 func (o *natsOpts) register(fs *flag.FlagSet) {
@@ -94,11 +97,12 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 	return nc, nil
 }
 
-// bus returns the events.Bus; w (may be nil) sets the job consumers' AckWait and MaxDeliver.
+// bus returns the events.Bus of the pipeline in o.namespace; w (may be
+// nil) sets the job consumers' AckWait and MaxDeliver and the namespace.
 func (o *natsOpts) bus(nc *nats.Conn, source string, log *slog.Logger, w *workerOpts) (*events.Bus, error) {
-	cfg := events.Config{Prefix: o.prefix, Source: source, Memory: o.memory}
+	cfg := events.Config{Prefix: o.prefix, Source: source, Memory: o.memory, Namespace: o.namespace}
 	if w != nil {
-		cfg.AckWait, cfg.MaxDeliver = w.ackWait, w.maxDeliver
+		cfg.AckWait, cfg.MaxDeliver, cfg.Namespace = w.ackWait, w.maxDeliver, w.namespace
 	}
 	return events.New(nc, cfg, log)
 }

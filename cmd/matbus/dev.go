@@ -198,6 +198,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	defer pubNC.Close()
+	n.namespace = w.namespace
 	pubBus, err := n.bus(pubNC, "discovery/dev", log, nil)
 	if err != nil {
 		return err

@@ -85,6 +85,10 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 			if entries[i].Namespace == "" {
 				entries[i].Namespace = namespace
 			}
+			if entries[i].Namespace != namespace {
+				return nil, fmt.Errorf("%w: static instance %s/%s is not in --namespace %q: a pipeline handles the instances of its own namespace (run a publisher per namespace)",
+					errUsage, entries[i].Namespace, entries[i].Name, namespace)
+			}
 		}
 		src, err := discovery.NewStatic(o.staticName, entries)
 		if err != nil {
@@ -122,6 +126,10 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	if err := parseAndValidate(fs, args, e.getenv, n.validate, k.validate, o.validate); err != nil {
 		return err
 	}
+	if _, err := events.Key(namespace, "x"); err != nil {
+		return fmt.Errorf("%w: --namespace: %v", errUsage, err)
+	}
+	n.namespace = namespace
 	log, err := l.logger(e.stderr)
 	if err != nil {
 		return err
