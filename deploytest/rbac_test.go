@@ -156,7 +156,7 @@ func TestChartRBACConverges(t *testing.T) {
 		}
 		return l.Items
 	}
-	waitFor(t, ctx, "a BMC Service per simulated BMC", func() bool { return len(managed()) == sim.BMCs() })
+	waitFor(t, ctx, "a Service per simulated BMC and NVOS", func() bool { return len(managed()) == sim.BMCs()+sim.Fleet().NVOSIPs() })
 	for _, s := range managed() {
 		if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].Name != "mat-a" {
 			t.Errorf("Service %s: owner references %v, want the MAT Deployment mat-a (needs deployments get)", s.Name, s.OwnerReferences)

@@ -134,6 +134,18 @@ func (f *Fleet) BMCs() int {
 	return n
 }
 
+// NVOSIPs returns the number of switches that report an NVOS IP, i.e. how
+// many NVOS Services a controller should create for f.
+func (f *Fleet) NVOSIPs() int {
+	n := 0
+	walk(f.Machines, func(d *matclient.Device) {
+		if d.Kind == matclient.KindSwitch && d.NvosIP != "" {
+			n++
+		}
+	})
+	return n
+}
+
 // MatIDs returns every mat_id in body order (hosts before their DPUs).
 func (f *Fleet) MatIDs() []string {
 	var ids []string

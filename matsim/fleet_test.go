@@ -322,3 +322,19 @@ func TestEncodeShapes(t *testing.T) {
 		t.Errorf("empty fleet body %s", empty)
 	}
 }
+
+// TestFleetNVOSIPs counts the switches with an NVOS IP.
+func TestFleetNVOSIPs(t *testing.T) {
+	f, err := Generate(FleetSpec{Hosts: 2, DPUsPerHost: 1, Switches: 3, PowerShelves: 1, BMCSubnet: "10.96.64.0/24", Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.NVOSIPs(); n != 3 {
+		t.Errorf("NVOSIPs = %d, want 3", n)
+	}
+	f.Machines[len(f.Machines)-2].NvosIP = "" // a switch (power shelf is last)
+	f.Machines[0].NvosIP = "10.98.0.9"        // a host's does not count
+	if n := f.NVOSIPs(); n != 2 {
+		t.Errorf("NVOSIPs = %d, want 2", n)
+	}
+}

@@ -19,7 +19,22 @@ const (
 	PortRedfish = "redfish" // TCP, always
 	PortIPMI    = "ipmi"    // UDP, when MAT advertises IPMI
 	PortSSH     = "ssh"     // TCP, when MAT advertises SSH
+	PortNMXC    = "nmxc"    // TCP, NVOS Services only
 )
+
+// NMXCPort is the Service port of "nmxc" on an NVOS Service; its target
+// is the switch's Redfish listen port.
+const NMXCPort = 9370
+
+// ServiceIP returns the IP a desired Service (from Build) is for: its
+// AnnotationNVOSIP when set (an NVOS Service), else its AnnotationBMCIP;
+// "" when neither is set.
+func ServiceIP(svc *corev1.Service) string {
+	if ip := svc.Annotations[AnnotationNVOSIP]; ip != "" {
+		return ip
+	}
+	return svc.Annotations[AnnotationBMCIP]
+}
 
 // Desired is what one MAT status asks for: a Service per device that can
 // have one, and the devices that get none this time.
@@ -72,7 +87,7 @@ type Warning struct {
 // Hold is a device of the status that gets no Service this time.
 type Hold struct {
 	MatID  string     // the device's full mat_id; "" for an invalid device without one
-	Name   string     // the Service name it would get (ServiceName); "" when MatID is ""
+	Name   string     // the Service name it would get (ServiceName, or NVOSServiceName); "" when MatID is ""
 	Reason HoldReason // why it gets none
 	Detail string     // human-readable specifics, e.g. the winning mat_id
 }
@@ -86,8 +101,10 @@ const (
 	// gets its Service once it has one.
 	HoldNoBMCIP HoldReason = "device has no BMC IP yet"
 	// HoldDuplicateBMCIP: another device of the same status reports the same
-	// BMC IP, and its mat_id is lexically smaller.
-	HoldDuplicateBMCIP HoldReason = "another device reports the same BMC IP"
+	// BMC IP, or an NVOS IP equal to it (BMC and NVOS IPs share one
+	// policy), and its mat_id is lexically smaller; within one switch, the
+	// BMC Service wins over the NVOS Service.
+	HoldDuplicateBMCIP HoldReason = "another device reports the same IP"
 	// HoldNameCollision: another device's mat_id maps to the same Service
 	// name, and its mat_id is lexically smaller.
 	HoldNameCollision HoldReason = "another mat_id maps to the same Service name"
@@ -111,8 +128,9 @@ const (
 //     the host's mat_id), LabelPodName (when inst.PodName is set);
 //   - annotations: AnnotationMatID (full mat_id), AnnotationBMCIP,
 //     AnnotationRedfishPort, AnnotationIPMIPort and AnnotationSSHPort when
-//     the port is in the Service (listen ports, decimal), AnnotationAPIState,
-//     AnnotationPowerState and AnnotationHardwareType when non-empty;
+//     the port is in the Service (listen ports, decimal),
+//     AnnotationHardwareType when non-empty, AnnotationAPIState and
+//     AnnotationPowerState when non-empty and opts.StateAnnotations is set;
 //   - spec: type ClusterIP; ports "redfish" TCP reachable→listen, "ipmi" UDP
 //     and "ssh" TCP when advertised; selector = opts.TargetSelector plus
 //     PodNameLabel = LabelValue(inst.PodName) when set (a pod name is
@@ -128,11 +146,22 @@ const (
 //     ports;
 //   - owner references: [*inst.Owner] when set.
 //
+// A switch (device kind switch) with an NVOS IP also gets an NVOS Service
+// named NVOSServiceName(mat_id), whether or not its BMC has an IP: the same
+// labels with LabelMachineType "nvos" and no LabelMachineID or
+// LabelParentMatID; annotations AnnotationMatID, AnnotationNVOSIP and
+// AnnotationHardwareType (when non-empty); one port "nmxc" TCP NMXCPort
+// (9370) → the Redfish listen port; the NVOS IP placed like a BMC IP per
+// mode; the same selector and owner. Other devices that report an NVOS IP
+// get none.
+//
 // Devices that get no Service are returned in Held:
 //
 //   - no BMC IP yet: HoldNoBMCIP;
-//   - same BMC IP as another device of st: the device with the lexically
-//     smallest mat_id gets the Service, the others HoldDuplicateBMCIP. This
+//   - same BMC IP as another device of st (BMC and NVOS IPs are one pool):
+//     the device with the lexically smallest mat_id gets the Service (a
+//     switch's BMC Service before its own NVOS Service), the others
+//     HoldDuplicateBMCIP. This
 //     is a pure function of the status (not of which Service exists first),
 //     so every worker and every sync decides alike and nothing flaps. Diff
 //     keeps an existing Service of a held device, so in IPModeClusterIP a
@@ -165,8 +194,9 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 	type candidate struct {
 		dev    *matclient.Device
 		parent *matclient.Device
-		typ    MachineType
+		typ    MachineType // MachineTypeNVOS for a switch's NVOS Service
 		name   string
+		ip     string // BMC IP, or NVOS IP
 		order  int
 	}
 	var cands []candidate
@@ -177,12 +207,23 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 		order++
 		if dev.BMC.IP == "" {
 			d.Held = append(d.Held, Hold{MatID: dev.MatID, Name: name, Reason: HoldNoBMCIP})
-			return
+		} else {
+			cands = append(cands, candidate{dev: dev, parent: parent, typ: typ, name: name, ip: dev.BMC.IP, order: order})
 		}
-		cands = append(cands, candidate{dev: dev, parent: parent, typ: typ, name: name, order: order})
+		if dev.Kind == matclient.KindSwitch && dev.NvosIP != "" {
+			cands = append(cands, candidate{dev: dev, typ: MachineTypeNVOS, name: NVOSServiceName(dev.MatID), ip: dev.NvosIP, order: order})
+		}
 	})
+	// By mat_id, a device's BMC Service before its NVOS Service, then body
+	// order.
+	isNVOS := func(c candidate) int {
+		if c.typ == MachineTypeNVOS {
+			return 1
+		}
+		return 0
+	}
 	slices.SortFunc(cands, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(a.dev.MatID, b.dev.MatID), cmp.Compare(a.order, b.order))
+		return cmp.Or(cmp.Compare(a.dev.MatID, b.dev.MatID), cmp.Compare(isNVOS(a), isNVOS(b)), cmp.Compare(a.order, b.order))
 	})
 
 	for _, inv := range st.Invalid {
@@ -197,15 +238,30 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 		d.Held = append(d.Held, h)
 	}
 
-	ipWinner := make(map[string]string, len(cands))   // BMC IP -> mat_id
+	type ipUse struct {
+		matID string
+		nvos  bool
+	}
+	ipWinner := make(map[string]ipUse, len(cands))    // BMC or NVOS IP -> its user
 	nameWinner := make(map[string]string, len(cands)) // name -> mat_id
 	shared := newSharedFields(inst, opts)
 	d.Services = make([]*corev1.Service, 0, len(cands))
 	for _, c := range cands {
-		id, ip := c.dev.MatID, c.dev.BMC.IP
+		id, ip := c.dev.MatID, c.ip
 		if w, taken := ipWinner[ip]; taken {
+			what, as := "BMC IP", "BMC IP"
+			if c.typ == MachineTypeNVOS {
+				what = "NVOS IP"
+			}
+			if w.nvos {
+				as = "NVOS IP"
+			}
+			who := "mat_id " + w.matID
+			if w.matID == id {
+				who = "the same device"
+			}
 			d.Held = append(d.Held, Hold{MatID: id, Name: c.name, Reason: HoldDuplicateBMCIP,
-				Detail: "BMC IP " + ip + " is also reported by mat_id " + w + ", which gets the Service"})
+				Detail: what + " " + ip + " is also reported by " + who + " as its " + as + ", which gets the Service"})
 			continue
 		}
 		if w, taken := nameWinner[c.name]; taken {
@@ -216,8 +272,12 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 			d.Held = append(d.Held, Hold{MatID: id, Name: c.name, Reason: HoldNameCollision, Detail: detail})
 			continue
 		}
-		ipWinner[ip] = id
+		ipWinner[ip] = ipUse{matID: id, nvos: c.typ == MachineTypeNVOS}
 		nameWinner[c.name] = id
+		if c.typ == MachineTypeNVOS {
+			d.Services = append(d.Services, shared.nvosService(c.name, c.dev))
+			continue
+		}
 		svc, left := shared.service(c.name, c.typ, c.dev, c.parent)
 		d.Services = append(d.Services, svc)
 		if left != "" {
@@ -238,6 +298,7 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 type sharedFields struct {
 	namespace, managedBy, instance, pod string
 	mode                                IPMode
+	state                               bool // Options.StateAnnotations
 	selector                            map[string]string
 	owner                               *metav1.OwnerReference
 }
@@ -248,6 +309,7 @@ func newSharedFields(inst Instance, opts Options) sharedFields {
 		managedBy: LabelValue(opts.managedBy()),
 		instance:  LabelValue(inst.Key),
 		mode:      opts.ipMode(),
+		state:     opts.StateAnnotations,
 		owner:     inst.Owner,
 	}
 	if inst.PodName != "" {
@@ -289,8 +351,10 @@ func (s sharedFields) service(name string, typ MachineType, dev, parent *matclie
 		AnnotationBMCIP:       ip,
 		AnnotationRedfishPort: strconv.Itoa(int(dev.BMC.Redfish.ListenPort)),
 	}
-	setIf(annotations, AnnotationAPIState, dev.APIState)
-	setIf(annotations, AnnotationPowerState, dev.PowerState)
+	if s.state {
+		setIf(annotations, AnnotationAPIState, dev.APIState)
+		setIf(annotations, AnnotationPowerState, dev.PowerState)
+	}
 	setIf(annotations, AnnotationHardwareType, dev.HardwareType)
 
 	ports, left := servicePorts(dev.BMC)
@@ -303,7 +367,40 @@ func (s sharedFields) service(name string, typ MachineType, dev, parent *matclie
 		}
 	}
 
-	svc = &corev1.Service{
+	return s.object(name, ip, labels, annotations, ports), left
+}
+
+// nvosService builds the NVOS Service of switch dev: its NVOS IP, one TCP
+// port "nmxc" NMXCPort → the Redfish listen port.
+func (s sharedFields) nvosService(name string, dev *matclient.Device) *corev1.Service {
+	labels := map[string]string{
+		LabelManagedBy:   s.managedBy,
+		LabelInstance:    s.instance,
+		LabelMatID:       LabelValue(dev.MatID),
+		LabelMachineType: string(MachineTypeNVOS),
+	}
+	if s.pod != "" {
+		labels[LabelPodName] = s.pod
+	}
+	annotations := map[string]string{
+		AnnotationMatID:  dev.MatID,
+		AnnotationNVOSIP: dev.NvosIP,
+	}
+	setIf(annotations, AnnotationHardwareType, dev.HardwareType)
+	ports := []corev1.ServicePort{{
+		Name:       PortNMXC,
+		Protocol:   corev1.ProtocolTCP,
+		Port:       NMXCPort,
+		TargetPort: intstr.FromInt32(int32(dev.BMC.Redfish.ListenPort)),
+	}}
+	return s.object(name, dev.NvosIP, labels, annotations, ports)
+}
+
+// object is the Service name with the given metadata and ports, the shared
+// selector and owner, and ip placed per mode. It retains labels,
+// annotations and ports.
+func (s sharedFields) object(name, ip string, labels, annotations map[string]string, ports []corev1.ServicePort) *corev1.Service {
+	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
 			Namespace:   s.namespace,
@@ -326,7 +423,7 @@ func (s sharedFields) service(name string, typ MachineType, dev, parent *matclie
 		svc.Spec.ClusterIP = ip
 		svc.Spec.ClusterIPs = []string{ip}
 	}
-	return svc, left
+	return svc
 }
 
 // servicePorts returns the Service ports of b in the order redfish, ipmi,

@@ -12,7 +12,8 @@ import (
 )
 
 // v2MixedServices are the Service names Build gives v2-mixed.json: every
-// device with a BMC IP (2 hosts, 3 DPUs, 2 switches, 1 power shelf).
+// device with a BMC IP (2 hosts, 3 DPUs, 2 switches, 1 power shelf), and
+// the NVOS Service of the ND5200 switch (the N5700 has no NVOS IP).
 var v2MixedServices = []string{
 	"mat-bmc-dpu-2458e540-24e-879b716a",
 	"mat-bmc-dpu-9b8d41e8-ad4-b3d5aa50",
@@ -22,6 +23,7 @@ var v2MixedServices = []string{
 	"mat-bmc-host-7ec7b7c3-126-c030b365",
 	"mat-bmc-host-922f3d9b-20b-4da64654",
 	"mat-bmc-host-d5bb3746-fdf-4f4ad08b",
+	"mat-nvos-1a530254-57f-964ececc",
 }
 
 // v2MixedHeld: the Supermicro host without a BMC IP and its DPU (no IP
@@ -33,7 +35,7 @@ var v2MixedHeld = []Hold{
 
 // TestBuildV2MixedService compares one whole Service (DGX GB300 host
 // 7ec7b7c3…: IPMI, SSH, a DPU) field by field, in both modes, with and
-// without a pod name.
+// without a pod name, with state annotations and without.
 func TestBuildV2MixedService(t *testing.T) {
 	const name = "mat-bmc-host-7ec7b7c3-126-c030b365"
 	base := func() *corev1.Service {
@@ -72,33 +74,42 @@ func TestBuildV2MixedService(t *testing.T) {
 		}
 	}
 	tests := []struct {
-		name string
-		mode IPMode
-		pod  string
-		want func() *corev1.Service
+		name      string
+		mode      IPMode
+		pod       string
+		noStateAn bool
+		want      func() *corev1.Service
 	}{
-		{"cluster-ip", IPModeClusterIP, "", func() *corev1.Service {
+		{"cluster-ip", IPModeClusterIP, "", false, func() *corev1.Service {
 			s := base()
 			s.Spec.ClusterIP = "10.96.64.13"
 			s.Spec.ClusterIPs = []string{"10.96.64.13"}
 			return s
 		}},
-		{"external-ip", IPModeExternalIP, "", func() *corev1.Service {
+		{"external-ip", IPModeExternalIP, "", false, func() *corev1.Service {
 			s := base()
 			s.Spec.ExternalIPs = []string{"10.96.64.13"}
 			return s
 		}},
-		{"zero mode is cluster-ip", "", "", func() *corev1.Service {
+		{"zero mode is cluster-ip", "", "", false, func() *corev1.Service {
 			s := base()
 			s.Spec.ClusterIP = "10.96.64.13"
 			s.Spec.ClusterIPs = []string{"10.96.64.13"}
 			return s
 		}},
-		{"multi-pod", IPModeExternalIP, "mat-0", func() *corev1.Service {
+		{"multi-pod", IPModeExternalIP, "mat-0", false, func() *corev1.Service {
 			s := base()
 			s.Labels[LabelPodName] = "mat-0"
 			s.Spec.Selector[PodNameLabel] = "mat-0"
 			s.Spec.ExternalIPs = []string{"10.96.64.13"}
+			return s
+		}},
+		{"state annotations off", IPModeClusterIP, "", true, func() *corev1.Service {
+			s := base()
+			delete(s.Annotations, AnnotationAPIState)
+			delete(s.Annotations, AnnotationPowerState)
+			s.Spec.ClusterIP = "10.96.64.13"
+			s.Spec.ClusterIPs = []string{"10.96.64.13"}
 			return s
 		}},
 	}
@@ -106,7 +117,9 @@ func TestBuildV2MixedService(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			inst := testInstance()
 			inst.PodName = tc.pod
-			d := Build(inst, loadStatus(t, "v2-mixed.json"), testOptions(tc.mode))
+			opts := testOptions(tc.mode)
+			opts.StateAnnotations = !tc.noStateAn
+			d := Build(inst, loadStatus(t, "v2-mixed.json"), opts)
 			i := slices.IndexFunc(d.Services, func(s *corev1.Service) bool { return s.Name == name })
 			if i < 0 {
 				t.Fatalf("no %s in %v", name, names(d.Services))
@@ -157,6 +170,9 @@ func TestBuildV2Mixed(t *testing.T) {
 			}
 			for _, s := range d.Services {
 				checkValid(t, s)
+				if s.Labels[LabelMachineType] == string(MachineTypeNVOS) {
+					continue // TestBuildNVOS
+				}
 				w := want[s.Name]
 				if s.Labels[LabelMachineType] != w.typ || s.Labels[LabelParentMatID] != w.parent ||
 					s.Annotations[AnnotationBMCIP] != w.ip || s.Annotations[AnnotationHardwareType] != w.hw {

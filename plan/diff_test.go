@@ -396,7 +396,7 @@ func TestDiffOwnership(t *testing.T) {
 			},
 			want: func(t *testing.T, d Desired) planNames { return pn(names(d.Services), nil, nil, nil, nil) },
 			check: func(t *testing.T, p Plan) {
-				if len(p.Create) != 8 {
+				if len(p.Create) != 9 {
 					t.Errorf("%d creates", len(p.Create))
 				}
 			},
@@ -639,7 +639,7 @@ func TestDiffModeSwitch(t *testing.T) {
 				t.Fatalf("plan %+v", got)
 			}
 			for _, r := range p.Recreate {
-				ip := r.Old.Annotations[AnnotationBMCIP]
+				ip := ServiceIP(r.Old)
 				switch tc.to {
 				case IPModeExternalIP:
 					if r.New.Spec.ClusterIP != "" || r.New.Spec.ClusterIPs != nil || !slices.Equal(r.New.Spec.ExternalIPs, []string{ip}) {

@@ -154,6 +154,7 @@ func TestBuildPartialFixture(t *testing.T) {
 		"mat-bmc-host-1a530254-57f-964ececc",
 		host7ec7,
 		host922f,
+		"mat-nvos-1a530254-57f-964ececc",
 	}
 	if got := names(d.Services); !slices.Equal(got, wantServices) {
 		t.Errorf("services %v\nwant %v", got, wantServices)

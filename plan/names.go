@@ -15,6 +15,9 @@ const (
 	MachineTypeDPU        MachineType = "dpu"
 	MachineTypeSwitch     MachineType = "switch"
 	MachineTypePowerShelf MachineType = "power-shelf"
+	// MachineTypeNVOS is the NVOS Service of a switch (NVOSServiceName),
+	// never a device kind.
+	MachineTypeNVOS MachineType = "nvos"
 )
 
 // MachineTypeOf maps a MAT device kind to its machine type. An unknown kind
@@ -97,7 +100,25 @@ const (
 // an FNV-1a-32 collision, or both are hashed with an FNV-1a-64 collision
 // (and equal x). Build resolves such a pair (HoldNameCollision).
 func ServiceName(t MachineType, matID string) string {
-	prefix := "mat-bmc-" + t.nameToken() + "-"
+	return serviceName("mat-bmc-"+t.nameToken()+"-", matID)
+}
+
+// NVOSServiceName returns the name of a switch's NVOS Service, a valid
+// DNS-1035 label of at most 38 bytes:
+//
+//	mat-nvos-<id part>
+//
+// with the id part of ServiceName (kept short, kept long or hashed, by the
+// same rules), e.g. "1a530254-57f0-4a8d-adb9-7d5520153f50" →
+// "mat-nvos-1a530254-57f-964ececc". The prefix differs from every BMC
+// Service's, so an NVOS name never equals a BMC name, and two NVOS names
+// collide exactly when two BMC names of the same token would.
+func NVOSServiceName(matID string) string {
+	return serviceName("mat-nvos-", matID)
+}
+
+// serviceName is prefix + the id part of ServiceName.
+func serviceName(prefix, matID string) string {
 	if old := prefix + legacyID(matID); isDNS1035Label(old) {
 		return old
 	}

@@ -70,6 +70,12 @@ type Options struct {
 	// is added under PodNameLabel for multi-pod deployments. Copied, never
 	// retained.
 	TargetSelector map[string]string
+	// StateAnnotations puts AnnotationAPIState and AnnotationPowerState on
+	// BMC Services (`--enable-state-annotations`). They change whenever a
+	// simulated machine powers on or off, so each flip costs a Service
+	// write; off (the default), Build leaves them out and Diff removes them
+	// from Services that still carry them.
+	StateAnnotations bool
 }
 
 // DefaultManagedBy is the old polling controller's managed-by value, so that
@@ -98,7 +104,7 @@ const (
 	LabelInstance    = "matbus.io/instance"      // LabelValue(Instance.Key)
 	LabelMatID       = "matbus.io/mat-id"        // LabelValue(mat_id)
 	LabelMachineID   = "matbus.io/machine-id"    // LabelValue(machine_id), when known
-	LabelMachineType = "matbus.io/machine-type"  // host, dpu, switch, power-shelf
+	LabelMachineType = "matbus.io/machine-type"  // host, dpu, switch, power-shelf, nvos
 	LabelParentMatID = "matbus.io/parent-mat-id" // LabelValue(host mat_id), DPUs only
 	LabelPodName     = "matbus.io/pod-name"      // LabelValue(Instance.PodName), when set
 
@@ -106,8 +112,9 @@ const (
 	PodNameLabel = "nvidia-infra-controller/pod-name"
 
 	AnnotationBMCIP        = "matbus.io/bmc-ip"
-	AnnotationAPIState     = "matbus.io/api-state"     // when non-empty
-	AnnotationPowerState   = "matbus.io/power-state"   // when non-empty
+	AnnotationNVOSIP       = "matbus.io/nvos-ip"       // NVOS Services only
+	AnnotationAPIState     = "matbus.io/api-state"     // when non-empty and Options.StateAnnotations
+	AnnotationPowerState   = "matbus.io/power-state"   // when non-empty and Options.StateAnnotations
 	AnnotationHardwareType = "matbus.io/hardware-type" // when non-empty
 	AnnotationRedfishPort  = "matbus.io/redfish-listen-port"
 	AnnotationIPMIPort     = "matbus.io/ipmi-listen-port" // when IPMI is advertised
@@ -125,7 +132,7 @@ var (
 		LabelMachineType, LabelParentMatID, LabelPodName,
 	}
 	ourAnnotationKeys = []string{
-		AnnotationBMCIP, AnnotationAPIState, AnnotationPowerState, AnnotationHardwareType,
+		AnnotationBMCIP, AnnotationNVOSIP, AnnotationAPIState, AnnotationPowerState, AnnotationHardwareType,
 		AnnotationRedfishPort, AnnotationIPMIPort, AnnotationSSHPort, AnnotationMatID,
 	}
 )

@@ -259,7 +259,8 @@ func TestConflictIsRereadAndRetriedSilently(t *testing.T) {
 	inj := &conflictOnce{ns: e.ns}
 	rc := rest.CopyConfig(cluster.RESTConfig())
 	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { inj.next = rt; return inj }
-	w := e.startWorker(workerOpts{Rest: rc})
+	// Power states are only written with state annotations on.
+	w := e.startWorker(workerOpts{Rest: rc, Tweak: func(c *worker.Config) { c.Plan.StateAnnotations = true }})
 	want := wantServiceNames(fleet)
 	e.waitServices(want...)
 

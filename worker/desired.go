@@ -22,9 +22,9 @@ const desiredFresh = time.Second
 type desiredSet struct {
 	fetchedAt time.Time
 	names     map[string]bool
-	ips       map[string]string // Service name -> BMC IP
+	ips       map[string]string // Service name -> BMC or NVOS IP
 	held      map[string]bool   // mat_ids of held devices
-	holdAll   bool            // a device of the status is invalid: no deletes at all
+	holdAll   bool              // a device of the status is invalid: no deletes at all
 }
 
 // desiredOf extracts the desired set of d, fetched at fetchedAt.
@@ -33,7 +33,7 @@ func desiredOf(d plan.Desired, fetchedAt time.Time) *desiredSet {
 		ips: make(map[string]string, len(d.Services)), held: make(map[string]bool, len(d.Held))}
 	for _, svc := range d.Services {
 		s.names[svc.Name] = true
-		s.ips[svc.Name] = svc.Annotations[plan.AnnotationBMCIP]
+		s.ips[svc.Name] = plan.ServiceIP(svc)
 	}
 	for _, h := range d.Held {
 		s.held[h.MatID] = true

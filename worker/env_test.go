@@ -676,13 +676,17 @@ func waitSyncs(t *testing.T, w *testWorker, n int64) {
 	})
 }
 
-// wantServiceNames returns the Service names plan gives a fleet's devices with a BMC IP.
+// wantServiceNames returns the Service names plan gives a fleet's devices
+// with a BMC IP, and its switches with an NVOS IP.
 func wantServiceNames(f *matsim.Fleet) []string {
 	var out []string
 	st := f.Status("", 1)
 	st.Walk(func(d, _ *matclient.Device) {
 		if d.BMC.IP != "" {
 			out = append(out, plan.ServiceName(plan.MachineTypeOf(d.Kind), d.MatID))
+		}
+		if d.Kind == matclient.KindSwitch && d.NvosIP != "" {
+			out = append(out, plan.NVOSServiceName(d.MatID))
 		}
 	})
 	sort.Strings(out)

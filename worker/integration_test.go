@@ -36,7 +36,8 @@ type wantService struct {
 
 // v2MixedServices is what the fixture v2-mixed.json must give: one Service
 // per device with a BMC IP, named as the old controller named them (hash list
-// in the fixtures README), switches and power shelves under "host".
+// in the fixtures README), switches and power shelves under "host", and the
+// NVOS Service of the switch that reports an nvos_ip.
 var v2MixedServices = []wantService{
 	{"mat-bmc-host-922f3d9b-20b-4da64654", "922f3d9b-20be-461f-9b69-90928701ce93", "host", "10.96.64.10", "",
 		[]wantPort{{"redfish", "TCP", 443, 1266}, {"ssh", "TCP", 2222, 2222}}},
@@ -54,6 +55,8 @@ var v2MixedServices = []wantService{
 		[]wantPort{{"redfish", "TCP", 443, 1266}}},
 	{"mat-bmc-host-624423f1-04b-216d49b5", "624423f1-04b4-404c-8d55-d1cb82fa8ae4", "power-shelf", "10.96.64.40", "",
 		[]wantPort{{"redfish", "TCP", 443, 1266}}},
+	{"mat-nvos-1a530254-57f-964ececc", "1a530254-57f0-4a8d-adb9-7d5520153f50", "nvos", "10.98.0.20", "",
+		[]wantPort{{"nmxc", "TCP", 9370, 1266}}},
 }
 
 func v2MixedNames() []string {
@@ -65,8 +68,10 @@ func v2MixedNames() []string {
 }
 
 // TestFullSyncFromFixture: a full sync of v2-mixed.json creates exactly one
-// Service per BMC with an IP, with the old controller's names, our labels
-// and annotations, the ports MAT advertises and the BMC IP as clusterIP.
+// Service per BMC with an IP and one NVOS Service per switch with an NVOS
+// IP, with the old controller's names, our labels and annotations (no state
+// annotations by default), the ports MAT advertises and the BMC (NVOS) IP
+// as clusterIP.
 func TestFullSyncFromFixture(t *testing.T) {
 	e := newEnv(t)
 	sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
@@ -117,8 +122,9 @@ func TestFullSyncFromFixture(t *testing.T) {
 				plan.AnnotationMatID:       want.matID,
 				plan.AnnotationBMCIP:       want.ip,
 				plan.AnnotationRedfishPort: "1266",
-				plan.AnnotationAPIState:    dev.APIState,
-				plan.AnnotationPowerState:  dev.PowerState,
+			}
+			if want.typ == "nvos" {
+				wantAnn = map[string]string{plan.AnnotationMatID: want.matID, plan.AnnotationNVOSIP: want.ip}
 			}
 			if dev.HardwareType != "" {
 				wantAnn[plan.AnnotationHardwareType] = dev.HardwareType
@@ -609,7 +615,7 @@ func TestForeignMetadataSurvivesUpdate(t *testing.T) {
 	fleet := fixtureFleet(t, fixtureV2Mixed)
 	sim := e.startSim(matsim.Options{Fleet: fleet})
 	e.startDiscovery(e.entry("mat-a", sim.URL()))
-	w := e.startWorker(workerOpts{})
+	w := e.startWorker(workerOpts{Tweak: func(c *worker.Config) { c.Plan.StateAnnotations = true }})
 	e.waitServices(v2MixedNames()...)
 
 	const name = "mat-bmc-host-922f3d9b-20b-4da64654"
@@ -758,7 +764,8 @@ func TestGoneInstanceCleanedUp(t *testing.T) {
 	simA := e.startSim(matsim.Options{Fleet: fleetA})
 	simB := e.startSim(matsim.Options{Fleet: fleetB})
 	src := e.startDiscovery(e.entry("mat-a", simA.URL()), e.entry("mat-b", simB.URL()))
-	workers := []*testWorker{e.startWorker(workerOpts{Name: "worker-1"}), e.startWorker(workerOpts{Name: "worker-2"})}
+	state := func(c *worker.Config) { c.Plan.StateAnnotations = true }
+	workers := []*testWorker{e.startWorker(workerOpts{Name: "worker-1", Tweak: state}), e.startWorker(workerOpts{Name: "worker-2", Tweak: state})}
 	namesA, namesB := wantServiceNames(fleetA), wantServiceNames(fleetB)
 	before := e.waitServices(append(slices.Clone(namesA), namesB...)...)
 
@@ -917,7 +924,8 @@ func TestTwoWorkersConverge(t *testing.T) {
 	fleet := fixtureFleet(t, fixtureV2Mixed)
 	sim := e.startSim(matsim.Options{Fleet: fleet})
 	e.startDiscovery(e.entry("mat-a", sim.URL()))
-	workers := []*testWorker{e.startWorker(workerOpts{Name: "worker-1"}), e.startWorker(workerOpts{Name: "worker-2"})}
+	state := func(c *worker.Config) { c.Plan.StateAnnotations = true }
+	workers := []*testWorker{e.startWorker(workerOpts{Name: "worker-1", Tweak: state}), e.startWorker(workerOpts{Name: "worker-2", Tweak: state})}
 	e.waitServices(v2MixedNames()...)
 
 	next := fleet.Clone()
@@ -944,8 +952,11 @@ func TestTwoWorkersConverge(t *testing.T) {
 		if d.BMC.IP != "" {
 			want[plan.ServiceName(plan.MachineTypeOf(d.Kind), d.MatID)] = d.BMC.IP
 		}
+		if d.Kind == matclient.KindSwitch && d.NvosIP != "" {
+			want[plan.NVOSServiceName(d.MatID)] = d.NvosIP
+		}
 	})
-	state := func() (map[string]string, map[string]*corev1.Service) {
+	current := func() (map[string]string, map[string]*corev1.Service) {
 		svcs := e.services()
 		got := map[string]string{}
 		for n, s := range svcs {
@@ -955,7 +966,7 @@ func TestTwoWorkersConverge(t *testing.T) {
 	}
 	var settled map[string]*corev1.Service
 	waitFor(t, "the desired Services", func() (bool, string) {
-		got, svcs := state()
+		got, svcs := current()
 		settled = svcs
 		shelf, ok := svcs["mat-bmc-host-624423f1-04b-216d49b5"]
 		done := mapsEqual(got, want) && ok && shelf.Annotations[plan.AnnotationAPIState] == "Maintenance(test)"
@@ -964,7 +975,7 @@ func TestTwoWorkersConverge(t *testing.T) {
 	for _, w := range workers {
 		waitSyncs(t, w, 3)
 	}
-	_, final := state()
+	_, final := current()
 	for n, s := range final {
 		if s.ResourceVersion != settled[n].ResourceVersion {
 			t.Errorf("%s still changing after convergence", n)

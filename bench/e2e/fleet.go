@@ -95,6 +95,10 @@ func makeFleets(sizes []int, reactions int, seed int64) (*fleets, error) {
 		if err != nil {
 			return nil, err
 		}
+		// BMC Services only: a run's size is its BMCs.
+		for j := range fl.Machines {
+			fl.Machines[j].NvosIP = ""
+		}
 		f.base = append(f.base, fl)
 	}
 	subnet, err := ips.block(growBMCs)

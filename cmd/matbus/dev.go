@@ -163,7 +163,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 			return err
 		}
 		defer sim.Close()
-		expected += sim.BMCs()
+		expected += sim.BMCs() + fleet.NVOSIPs()
 		entries = append(entries, discovery.StaticEntry{Namespace: w.namespace, Name: fmt.Sprintf("mat-%d", i), URL: url})
 		fmt.Fprintf(out, "MAT simulator mat-%d      %s/machines/status  (%d devices, %d BMCs with an IP, BMC subnet %s)\n", i, url, sim.Devices(), sim.BMCs(), spec.BMCSubnet)
 	}

@@ -111,11 +111,12 @@ func TestDevOnce(t *testing.T) {
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
 		t.Fatalf("last line is not the JSON summary: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
-	// 2 simulators × (3 hosts + 6 DPUs + 1 switch + 1 power shelf).
-	if code != 0 || !s.Converged || s.Services != 22 || s.Expected != 22 || s.Errors != 0 {
+	// 2 simulators × (3 hosts + 6 DPUs + 1 switch + 1 power shelf) BMCs,
+	// and 2 × 1 switch NVOS.
+	if code != 0 || !s.Converged || s.Services != 24 || s.Expected != 24 || s.Errors != 0 {
 		t.Fatalf("exit %d, summary %+v\nstdout:\n%s\nstderr:\n%s", code, s, out, errOut)
 	}
-	if strings.Count(out, "+ service mat-bmc-") != 22 {
-		t.Fatalf("expected 22 created-Service lines:\n%s", out)
+	if strings.Count(out, "+ service mat-bmc-") != 22 || strings.Count(out, "+ service mat-nvos-") != 2 {
+		t.Fatalf("expected 22 BMC and 2 NVOS created-Service lines:\n%s", out)
 	}
 }
