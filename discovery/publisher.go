@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,6 +39,7 @@ type Publisher struct {
 	log    *slog.Logger
 	report *events.Reporter
 	sched  *Scheduler
+	lastOK atomic.Int64 // unix nanoseconds of the last successful reconcile
 }
 
 // NewPublisher returns a Publisher of src on bus.
@@ -53,6 +55,16 @@ func NewPublisher(bus *events.Bus, src Source, cfg PublisherConfig, report *even
 	}
 	return &Publisher{bus: bus, src: src, cfg: cfg, log: log, report: report,
 		sched: NewScheduler(bus, cfg.Scheduler, report, log.With("part", "scheduler"))}
+}
+
+// LastSuccess returns when a reconcile last read the instances stream and
+// published every event it had to (zero before the first): the liveness of
+// the publishing loop that a health check compares with a staleness bound.
+func (p *Publisher) LastSuccess() time.Time {
+	if n := p.lastOK.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // Scheduler returns the publisher's scheduler (for its stats).
@@ -131,6 +143,12 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		p.fail(ctx, "", fmt.Sprintf("read instances stream: %v", err))
 		return
 	}
+	published := true // every publish of this reconcile succeeded
+	defer func() {
+		if published {
+			p.lastOK.Store(time.Now().UnixNano())
+		}
+	}()
 	scope := p.src.Scope()
 	want := map[string]bool{}
 	for _, inst := range cur {
@@ -162,6 +180,7 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		if changed || syncReason == "start" {
 			id := fmt.Sprintf("appeared:%s:%s:%d", inst.Key, inst.Version, rec.Seq)
 			if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, id, inst); err != nil {
+				published = false
 				p.fail(ctx, inst.Key, fmt.Sprintf("publish appeared: %v", err))
 				continue
 			}
@@ -184,12 +203,14 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		}
 		id := fmt.Sprintf("gone:%s:%d", key, rec.Seq)
 		if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(key), events.TypeInstanceGone, id, rec.Instance); err != nil {
+			published = false
 			p.fail(ctx, key, fmt.Sprintf("publish gone: %v", err))
 			continue
 		}
 		p.log.Info("instance gone", "instance", key, "url", rec.Instance.URL)
 		job := events.CleanupJob{Key: key, Scope: scope}
 		if err := p.bus.Publish(ctx, p.bus.Subjects.Cleanup(key), events.TypeCleanupJob, fmt.Sprintf("cleanup:%s:%d", key, rec.Seq), job); err != nil {
+			published = false
 			p.fail(ctx, key, fmt.Sprintf("publish clean-up job: %v", err))
 		}
 	}

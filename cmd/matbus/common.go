@@ -205,17 +205,19 @@ func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) {
 	return kc, nil
 }
 
-// health serves /healthz (process alive), /readyz (ready() true) and
-// /metrics (Prometheus) on addr until ctx ends. An empty addr serves nothing.
-func serveHealth(ctx context.Context, addr string, ready func() bool, reg *prometheus.Registry, log *slog.Logger) error {
+// serveHealth serves /healthz, /readyz and /metrics (Prometheus) on addr
+// until ctx ends. /healthz is liveness only: 200 while the process serves
+// HTTP. /readyz is 200 "ok" when ready returns nil, else 503 with
+// "not ready: <reason>" (one line). An empty addr serves nothing.
+func serveHealth(ctx context.Context, addr string, ready func() error, reg *prometheus.Registry, log *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		if err := ready(); err != nil {
+			http.Error(w, "not ready: "+strings.ReplaceAll(err.Error(), "\n", " "), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 
@@ -26,6 +27,7 @@ type discoveryOpts struct {
 	leaseName, leaseNamespace, ident string
 	leaseDuration, renewDeadline     time.Duration
 	retryPeriod                      time.Duration
+	staleAfter                       time.Duration
 }
 
 func (o *discoveryOpts) register(fs *flag.FlagSet) {
@@ -45,6 +47,7 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease is valid without renewal")
 	durationVar(fs, &o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before giving up")
 	durationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
+	durationVar(fs, &o.staleAfter, "health-stale-after", 10*time.Minute, "the leader is not ready (/readyz 503) when no sync tick read the instances stream and published its events for this long")
 }
 
 func (o *discoveryOpts) validate() error {
@@ -59,6 +62,9 @@ func (o *discoveryOpts) validate() error {
 	}
 	if o.renewDeadline >= o.leaseDuration {
 		return fmt.Errorf("%w: --leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration", errUsage)
+	}
+	if o.staleAfter <= o.interval {
+		return fmt.Errorf("%w: --health-stale-after must be longer than --sync-interval", errUsage)
 	}
 	if o.static.given && o.staticFile != "" {
 		return fmt.Errorf("%w: give --static or --static-file, not both", errUsage)
@@ -173,8 +179,22 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	}))
 	var sched atomic.Pointer[discovery.Scheduler]
 	schedulerMetrics(reg, &sched)
-	// Ready means able to publish: connected to NATS. Followers are ready too.
-	if err := serveHealth(ctx, healthAddr, func() bool { return nc.IsConnected() }, reg, log); err != nil {
+	var cur atomic.Pointer[leadState]
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "last_success_timestamp_seconds",
+		Help: "Unix time of the leader's last sync tick that read the instances stream and published every event it had to (0 while not leading or before the first)."},
+		func() float64 {
+			if st := cur.Load(); st != nil {
+				if t := st.pub.LastSuccess(); !t.IsZero() {
+					return float64(t.UnixNano()) / 1e9
+				}
+			}
+			return 0
+		}))
+	var probe *apiProbe
+	if kube != nil {
+		probe = startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log)
+	}
+	if err := serveHealth(ctx, healthAddr, discoveryReadiness(nc, probe, &cur, o.staleAfter).err, reg, log); err != nil {
 		return err
 	}
 	lead := func(ctx context.Context) error {
@@ -186,6 +206,8 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		}
 		pub := discovery.NewPublisher(bus, src, o.publisherConfig(), rep, log)
 		sched.Store(pub.Scheduler())
+		cur.Store(&leadState{pub: pub, src: src, since: time.Now()})
+		defer cur.Store(nil)
 		return pub.Run(ctx)
 	}
 	// Validate the source once before campaigning, so bad flags fail fast.
@@ -259,4 +281,44 @@ func (m *mapCounter) Collect(ch chan<- prometheus.Metric) {
 	for k, v := range m.values() {
 		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(v), k)
 	}
+}
+
+// leadState is what a leading discovery process runs; nil while following.
+type leadState struct {
+	pub   *discovery.Publisher
+	src   discovery.Source
+	since time.Time // when this process took the lead
+}
+
+// discoveryReadiness: connected to NATS; the Kubernetes API answers (when
+// discovery uses it: probe is nil for a static source without election);
+// and, while leading, the source has synced and a sync tick succeeded
+// within staleAfter (counted from taking the lead). A follower that can
+// reach NATS and the API is ready: it is what takes over.
+func discoveryReadiness(nc *nats.Conn, probe *apiProbe, cur *atomic.Pointer[leadState], staleAfter time.Duration) readiness {
+	r := readiness{natsCheck(nc)}
+	if probe != nil {
+		r = append(r, probe.check())
+	}
+	r = append(r, readyCheck{name: "discovery", check: func() error {
+		if st := cur.Load(); st != nil {
+			if _, ok := st.src.Instances(); !ok {
+				return fmt.Errorf("source %s has not synced (informer not synced)", st.src.Scope())
+			}
+		}
+		return nil
+	}}, freshness("sync tick", staleAfter,
+		func() time.Time {
+			if st := cur.Load(); st != nil {
+				return st.pub.LastSuccess()
+			}
+			return time.Time{}
+		},
+		func() time.Time {
+			if st := cur.Load(); st != nil {
+				return st.since
+			}
+			return time.Time{}
+		}))
+	return r
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -26,7 +28,7 @@ import (
 type workerOpts struct {
 	namespace, targetSelector, managedBy, ipMode, name string
 	serviceCIDRs                                       listFlag
-	insecure                                           bool
+	insecure, stateAnnotations                         bool
 	matTimeout, retryMaxElapsed, grace, ackWait        time.Duration
 	instanceResync                                     time.Duration
 	jobs, fetches, deleteJobs, concurrency, maxDeliver int
@@ -41,6 +43,7 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.name, "worker-name", "", "name of this worker in logs and error events (default: $POD_NAME or the host name)")
 	fs.Var(&o.serviceCIDRs, "service-cidr", "the cluster's service IP range(s), to tell an allocated cluster IP (retried) from one out of range (permanent); repeatable")
 	fs.BoolVar(&o.insecure, "insecure-skip-verify", false, "do not verify MAT's TLS certificates (MAT serves self-signed ones)")
+	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", false, "write the API-state and power-state annotations (each power flip then costs a Service write); off removes them at the next sync")
 	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
 	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
 	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
@@ -99,7 +102,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
 	w, err := worker.New(worker.Config{
 		Name: name,
-		Plan: plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel},
+		Plan: plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: o.stateAnnotations},
 		Jobs: o.jobs, Fetches: o.fetches, DeleteJobs: o.deleteJobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
 		InstanceResync: o.instanceResync,
 		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
@@ -190,11 +193,22 @@ func runWorker(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	workerMetrics(reg, w)
-	ready := func() bool { return w.Ready() && nc.IsConnected() }
-	if err := serveHealth(ctx, healthAddr, ready, reg, log); err != nil {
+	ready := workerReadiness(nc, startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log), w)
+	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
 	}
 	return w.Run(ctx)
+}
+
+// workerReadiness: connected to NATS, the Kubernetes API answers, and the
+// worker runs (its Service informer has synced and its consumers run).
+func workerReadiness(nc *nats.Conn, probe *apiProbe, w *worker.Worker) readiness {
+	return readiness{natsCheck(nc), probe.check(), readyCheck{name: "worker", check: func() error {
+		if !w.Ready() {
+			return errors.New("the Service informer has not synced, or the job consumers are not running")
+		}
+		return nil
+	}}}
 }
 
 // countKubeRequests counts every request of cfg's clients by HTTP method

@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/plan"
+	"github.com/matbus/matbus/worker"
+)
+
+// fakeAPI serves /version like a kube-apiserver; while down is true it
+// closes every connection, like a server that is not there.
+func fakeAPI(t *testing.T) (down *atomic.Bool, kube kubernetes.Interface) {
+	t.Helper()
+	down = &atomic.Bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if down.Load() {
+			if hj, ok := w.(http.Hijacker); ok {
+				if c, _, err := hj.Hijack(); err == nil {
+					_ = c.Close()
+				}
+			}
+			return
+		}
+		if r.URL.Path != "/version" {
+			http.Error(w, "not here", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"major":"1","minor":"35","gitVersion":"v1.35.0"}`)
+	}))
+	t.Cleanup(srv.Close)
+	kube, err := kubernetes.NewForConfig(&rest.Config{Host: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return down, kube
+}
+
+// waitReason waits until r's error is nil (want "") or contains want.
+func waitReason(t *testing.T, r readiness, want string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := r.err()
+		if want == "" && err == nil || want != "" && err != nil && strings.Contains(err.Error(), want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness: got %v, want %q", err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestDiscoveryReadinessCauses flips each cause of a discovery process's
+// unreadiness on and off, on real NATS, a real HTTP API endpoint and a
+// real publisher: NATS down, the Kubernetes API unreachable, the source not
+// synced, no successful sync tick within the staleness bound. The reason
+// reaches /readyz's body with status 503.
+func TestDiscoveryReadinessCauses(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	ns, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	port := ns.Addr().(*net.TCPAddr).Port
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	apiDown, kube := fakeAPI(t)
+	probe := startAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, log)
+	var cur atomic.Pointer[leadState]
+	const staleAfter = 1500 * time.Millisecond
+	r := discoveryReadiness(nc, probe, &cur, staleAfter)
+
+	// A follower on a healthy NATS and API is ready; /readyz says so.
+	waitReason(t, r, "")
+	addr := freeAddr(t)
+	if err := serveHealth(ctx, addr, r.err, nil, log); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, "http://"+addr+"/readyz"); code != http.StatusOK || body != "ok\n" {
+		t.Fatalf("/readyz: %d %q", code, body)
+	}
+
+	// The Kubernetes API goes away, and comes back.
+	apiDown.Store(true)
+	waitReason(t, r, "Kubernetes API: unreachable")
+	code, body := get(t, "http://"+addr+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not ready: Kubernetes API: unreachable") || strings.Count(body, "\n") != 1 {
+		t.Fatalf("/readyz with the API away: %d %q", code, body)
+	}
+	if c, _ := get(t, "http://"+addr+"/healthz"); c != http.StatusOK {
+		t.Errorf("/healthz is %d while unready: it is liveness only", c)
+	}
+	apiDown.Store(false)
+	waitReason(t, r, "")
+
+	// NATS goes down, and comes back.
+	ns.Shutdown()
+	waitReason(t, r, "NATS: not connected")
+	ns, err = natsserver.Start(natsserver.Options{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	waitReason(t, r, "")
+
+	// Leading with a source that has not synced (an informer on an API
+	// that answers /version but no list).
+	unsynced, err := discovery.NewKube(kube, discovery.KubeConfig{Namespace: "team-a"}, log, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := events.New(nc, events.Config{Memory: true, Namespace: "team-a"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur.Store(&leadState{pub: discovery.NewPublisher(bus, unsynced, discovery.PublisherConfig{}, nil, log), src: unsynced, since: time.Now()})
+	uctx, ucancel := context.WithCancel(ctx)
+	defer ucancel()
+	if err := unsynced.Run(uctx, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	waitReason(t, r, "informer not synced")
+
+	// A synced source whose publisher has not ticked since the lead was
+	// taken longer than staleAfter ago: stale. Once it runs, ready.
+	static, err := discovery.NewStatic("t", []discovery.StaticEntry{{Namespace: "team-a", Name: "mat-0", URL: "https://127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := discovery.NewPublisher(bus, static, discovery.PublisherConfig{SyncInterval: 200 * time.Millisecond}, nil, log)
+	cur.Store(&leadState{pub: pub, src: static, since: time.Now().Add(-2 * staleAfter)})
+	waitReason(t, r, "discovery: no sync tick succeeded for")
+	pctx, pcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(pctx) }()
+	waitReason(t, r, "")
+	// Its ticks stop: stale again after staleAfter.
+	pcancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitReason(t, r, "discovery: no sync tick succeeded for")
+}
+
+// TestWorkerReadinessCauses: a worker that is not running is not ready,
+// and says why.
+func TestWorkerReadinessCauses(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	ns, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_, kube := fakeAPI(t)
+	bus, err := events.New(nc, events.Config{Memory: true, Namespace: "team-a"}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(worker.Config{Plan: plan.Options{Namespace: "team-a"}}, bus, kube, nil, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := workerReadiness(nc, startAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, log), w)
+	waitReason(t, r, "worker: the Service informer has not synced")
+	ns.Shutdown()
+	waitReason(t, r, "NATS: not connected")
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	return addr
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	var resp *http.Response
+	var err error
+	for range 50 { // the listener may not be up yet
+		if resp, err = http.Get(url); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
