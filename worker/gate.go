@@ -16,6 +16,9 @@ import (
 // worker dies). It is safe for concurrent use.
 type subjectGate struct {
 	progress time.Duration
+	// superseded, when set, is told of each waiting job acknowledged
+	// because a newer one of its subject arrived.
+	superseded func(jetstream.Msg)
 
 	mu      sync.Mutex
 	busy    map[string]bool
@@ -46,6 +49,9 @@ func (g *subjectGate) admit(msg jetstream.Msg) bool {
 	if old := g.waiting[subj]; old != nil {
 		old.halt()
 		_ = old.msg.Ack() // superseded by msg
+		if g.superseded != nil {
+			g.superseded(old.msg)
+		}
 	}
 	wj := &waitingJob{msg: msg, stop: make(chan struct{}), done: make(chan struct{})}
 	g.waiting[subj] = wj

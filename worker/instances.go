@@ -112,6 +112,9 @@ func (w *Worker) applyInstance(ctx context.Context, typ events.Type, inst events
 		w.log.Debug("instance appeared", "instance", inst.Key, "url", inst.URL)
 	case events.TypeInstanceGone:
 		w.cache.Release(ctx, inst.Key)
+		w.memo.forget(inst.Key)
+		w.desired.forget(inst.Key)
+		w.cfg.Metrics.forget(inst.Key)
 		w.log.Debug("instance gone", "instance", inst.Key, "url", inst.URL)
 	}
 }
@@ -137,6 +140,7 @@ func (w *Worker) resyncCache(ctx context.Context) {
 			continue
 		}
 		w.cache.Release(ctx, key)
+		w.cfg.Metrics.forget(key)
 	}
 	w.sweepGone(ctx, recs)
 }

@@ -56,6 +56,8 @@ type Config struct {
 	InstanceResync time.Duration
 	// Classifier classifies API errors.
 	Classifier Classifier
+	// Metrics receives the worker's measurements (NewMetrics); nil records none.
+	Metrics *Metrics
 }
 
 func (c Config) withDefaults() Config {
@@ -99,7 +101,7 @@ type Stats struct {
 	Created, Updated, Recreated, Deleted int64 // Service writes that succeeded
 	DeleteJobs                           int64 // delete jobs published
 	DeletesKept                          int64 // delete jobs not run: the newest status still wants the Service
-	Failed                               int64 // jobs that ended in an error event
+	Failed                               int64 // jobs that failed: a sync whose fetch or apply failed, a job that gave up or was refused
 }
 
 // Worker consumes instance events, sync and clean-up jobs, and delete jobs.
@@ -268,6 +270,7 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, 
 	var gate *subjectGate
 	if consumer == events.SyncConsumer {
 		gate = newSubjectGate(w.bus.Config().AckWait / 3)
+		gate.superseded = w.superseded
 		defer gate.release() // jobs still waiting are left for redelivery
 	}
 	var inflight sync.WaitGroup
@@ -426,6 +429,7 @@ func (w *Worker) runJob(ctx context.Context, msg jetstream.Msg, h jobHandler) {
 	if err != nil {
 		w.rejectEvent(ctx, subject, err)
 		_ = msg.TermWithReason("undecodable event")
+		w.cfg.Metrics.jobEnded("", JobTerminated, -1)
 		return
 	}
 	delivered := uint64(1)
@@ -450,7 +454,9 @@ func (w *Worker) runJob(ctx context.Context, msg jetstream.Msg, h jobHandler) {
 			}
 		}
 	}()
+	started := time.Now()
 	err = h(ctx, env, subject)
+	took := time.Since(started)
 	close(stop)
 	progress.Wait()
 
@@ -460,12 +466,15 @@ func (w *Worker) runJob(ctx context.Context, msg jetstream.Msg, h jobHandler) {
 		if aerr := msg.Ack(); aerr != nil {
 			w.log.Debug("ack failed; the job will be redelivered and is idempotent", "subject", subject, "error", aerr)
 		}
+		w.cfg.Metrics.jobEnded(env.Type, JobOK, took)
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
 		// Shutdown: leave it for another worker, report nothing.
 		_ = msg.Nak()
+		w.cfg.Metrics.jobEnded(env.Type, JobRetried, took)
 	case errors.As(err, &je) && je.Retry:
 		if delivered >= uint64(w.bus.Config().MaxDeliver) {
 			w.failed.Add(1)
+			w.cfg.Metrics.jobEnded(env.Type, JobFailed, took)
 			// The event names the cause, not the Service (that is in the log), so
 			// the jobs one fault exhausts share one event per rate-limit window.
 			w.log.Warn("job gave up", "subject", subject, "deliveries", delivered, "error", err)
@@ -475,8 +484,10 @@ func (w *Worker) runJob(ctx context.Context, msg jetstream.Msg, h jobHandler) {
 			return
 		}
 		_ = msg.NakWithDelay(time.Duration(delivered) * 2 * time.Second)
+		w.cfg.Metrics.jobEnded(env.Type, JobRetried, took)
 	default:
 		w.failed.Add(1)
+		w.cfg.Metrics.jobEnded(env.Type, JobTerminated, took)
 		if !(errors.As(err, &je) && je.Reported) {
 			w.report.Report(ctx, events.Error{Kind: kindOf(env.Type), Instance: keyOf(subject), Subject: subject,
 				Message: err.Error(), Permanent: true, Attempts: int(delivered)})
@@ -502,4 +513,23 @@ func kindOf(t events.Type) events.ErrorKind {
 func keyOf(subject string) string {
 	k, _ := events.KeyFromSubject(subject)
 	return k
+}
+
+// superseded reports a sync job that the subject gate acknowledged unrun
+// (a newer job of its instance arrived) as skipped, so the scheduler that
+// sent it does not wait for its deadline.
+func (w *Worker) superseded(msg jetstream.Msg) {
+	env, err := events.Decode(msg.Data())
+	if err != nil || env.Type != events.TypeSyncJob {
+		return
+	}
+	job, err := events.Into[events.SyncJob](env, events.TypeSyncJob)
+	if err != nil {
+		return
+	}
+	res := events.SyncResult{Key: job.Key, JobID: env.ID, Outcome: events.OutcomeSkipped,
+		Error: "superseded by a newer job of the instance", Worker: w.cfg.Name}
+	if err := w.bus.PublishResult(env.ID+":result", res); err != nil {
+		w.log.Debug("result of a superseded job not published", "instance", job.Key, "error", err)
+	}
 }
