@@ -149,7 +149,7 @@ func (r *result) rows() []tableRow {
 	}
 	n := r.Config.Services
 	k := r.Config.Reactions
-	steady := r.Config.Steady.String()
+	steady := num(r.Config.Steady.Seconds()) + " s"
 	defs := []def{
 		{fmt.Sprintf("1. converge from empty, %d Services", n), "s", fCreate,
 			func(x *roundResult) (*float64, string) { return cellOf(x.Converge, secs) }},

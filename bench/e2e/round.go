@@ -15,6 +15,9 @@ import (
 	"github.com/matbus/matbus/plan"
 )
 
+// settle is the pause between the last reaction and the steady window.
+const settle = 2 * time.Second
+
 // round runs the scenario once with r.Workers workers: fresh namespace,
 // nats-server and simulators; workers started and ready; then converge,
 // grow, shrink, reactions, the steady window and the delete fan-out, in
@@ -158,7 +161,14 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return nil
 	}
 
-	// 6, 7. steady window: nothing changes.
+	// 6, 7. steady window: nothing changes. It starts settle after the
+	// last reaction's watch event: the API server counts a request when
+	// it has answered, which can be after the watch event went out.
+	select {
+	case <-rctx.Done():
+		return nil
+	case <-time.After(settle):
+	}
 	t = time.Now()
 	var req0, conn0 int64
 	api, err := b.apiWindow(rctx, b.cfg.Steady, func(start bool) {
