@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -111,6 +113,29 @@ type Bus struct {
 	Subjects Subjects
 	cfg      Config
 	log      *slog.Logger
+
+	mu        sync.Mutex
+	published map[Type]int64 // Publish calls that succeeded, by event type
+	failed    map[Type]int64 // Publish calls that gave up, by event type
+}
+
+// PublishStats returns how many events of each type this Bus published
+// (Publish and PublishResult; error events are counted by the Reporter)
+// and how many publishes gave up, since New.
+func (b *Bus) PublishStats() (published, failed map[Type]int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.published), maps.Clone(b.failed)
+}
+
+func (b *Bus) count(typ Type, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err != nil {
+		b.failed[typ]++
+		return
+	}
+	b.published[typ]++
 }
 
 // New returns a Bus on nc. It returns an error for an invalid prefix.
@@ -131,7 +156,8 @@ func New(nc *nats.Conn, cfg Config, log *slog.Logger) (*Bus, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Bus{JS: js, Subjects: Subjects{Prefix: cfg.Prefix}, cfg: cfg, log: log}, nil
+	return &Bus{JS: js, Subjects: Subjects{Prefix: cfg.Prefix}, cfg: cfg, log: log,
+		published: map[Type]int64{}, failed: map[Type]int64{}}, nil
 }
 
 // Config returns the effective configuration (defaults filled in).
@@ -343,9 +369,12 @@ func filters(c jetstream.ConsumerConfig) []string {
 func (b *Bus) Publish(ctx context.Context, subject string, typ Type, id string, data any) error {
 	body, err := Encode(typ, id, b.cfg.Source, time.Now(), data)
 	if err != nil {
+		b.count(typ, err)
 		return err
 	}
-	return b.PublishRaw(ctx, subject, id, body)
+	err = b.PublishRaw(ctx, subject, id, body)
+	b.count(typ, err)
+	return err
 }
 
 // PublishRaw publishes an already encoded body; see Publish. A body larger

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -29,8 +30,19 @@ type Reporter struct {
 	window time.Duration
 	now    func() time.Time
 
-	mu   sync.Mutex
-	last map[string]*rateEntry
+	mu         sync.Mutex
+	last       map[string]*rateEntry
+	reported   map[ErrorKind]int64
+	suppressed map[ErrorKind]int64
+}
+
+// Stats returns how many failures of each kind were reported since
+// NewReporter (every Report call), and how many of them the rate limit
+// kept from being published.
+func (r *Reporter) Stats() (reported, suppressed map[ErrorKind]int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.reported), maps.Clone(r.suppressed)
 }
 
 // Redactor removes secrets from text. A Reporter whose logger's handler
@@ -59,7 +71,8 @@ func NewReporter(bus *Bus, log *slog.Logger, worker string, window time.Duration
 	if rd, ok := log.Handler().(Redactor); ok {
 		redact = func(s string) string { return StripUserInfo(rd.Redact(s)) }
 	}
-	return &Reporter{bus: bus, log: log, redact: redact, worker: worker, window: window, now: time.Now, last: map[string]*rateEntry{}}
+	return &Reporter{bus: bus, log: log, redact: redact, worker: worker, window: window, now: time.Now, last: map[string]*rateEntry{},
+		reported: map[ErrorKind]int64{}, suppressed: map[ErrorKind]int64{}}
 }
 
 // redactFields redacts every text field of e.
@@ -92,9 +105,11 @@ func (r *Reporter) Report(ctx context.Context, e Error) bool {
 	key := string(e.Kind) + "|" + e.Instance + "|" + e.Service + "|" + e.URL + "|" + e.Subject + "|" + cause(e.Message)
 	now := r.now()
 	r.mu.Lock()
+	r.reported[e.Kind]++
 	ent := r.last[key]
 	if r.window > 0 && ent != nil && now.Sub(ent.at) < r.window {
 		ent.suppressed++
+		r.suppressed[e.Kind]++
 		r.mu.Unlock()
 		return false
 	}

@@ -17,8 +17,10 @@ func (b *Bus) PublishResult(id string, r SyncResult) error {
 		return err
 	}
 	if err := b.JS.Conn().Publish(b.Subjects.Result(r.Key), body); err != nil {
+		b.count(TypeSyncResult, err)
 		return fmt.Errorf("events: publish result of %s: %w", r.Key, err)
 	}
+	b.count(TypeSyncResult, nil)
 	return nil
 }
 

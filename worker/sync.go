@@ -50,9 +50,10 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 			res.Error = err.Error()
 		}
 		w.syncs.Add(1)
-		if res.Outcome == events.OutcomeApplyFailed {
+		if res.Outcome == events.OutcomeApplyFailed || res.Outcome == events.OutcomeFetchFailed {
 			w.failed.Add(1)
 		}
+		w.cfg.Metrics.syncResult(job.Key, res.Outcome, time.Now())
 		if perr := w.bus.PublishResult(env.ID+":result", res); perr != nil {
 			w.log.Warn("sync result not published; the scheduler releases the instance at its deadline", "instance", job.Key, "error", perr)
 		}
@@ -141,6 +142,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	}
 	fetchedAt := time.Now()
 	st, fp, err := fetchStatus(ctx, client, prev)
+	w.cfg.Metrics.fetched(time.Since(fetchedAt))
 	if err != nil {
 		if ctx.Err() != nil {
 			return events.SyncResult{}, ctx.Err()

@@ -169,7 +169,8 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	}
 	rep := events.NewReporter(bus, log, ident, 0)
 	var leading atomic.Bool
-	reg := prometheus.NewRegistry()
+	reg := newRegistry()
+	eventMetrics(reg, bus, rep)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "leader",
 		Help: "1 while this publisher holds the Lease."}, func() float64 {
 		if leading.Load() {
@@ -186,6 +187,16 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 			if st := cur.Load(); st != nil {
 				if t := st.pub.LastSuccess(); !t.IsZero() {
 					return float64(t.UnixNano()) / 1e9
+				}
+			}
+			return 0
+		}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "instances",
+		Help: "MAT instances the leader's source currently reports (0 while not leading or before its source synced)."},
+		func() float64 {
+			if st := cur.Load(); st != nil {
+				if insts, ok := st.src.Instances(); ok {
+					return float64(len(insts))
 				}
 			}
 			return 0

@@ -33,6 +33,8 @@ type workerOpts struct {
 	instanceResync                                     time.Duration
 	jobs, fetches, deleteJobs, concurrency, maxDeliver int
 	errorWindow                                        time.Duration
+	// metrics, when set (runWorker), receives the worker's measurements.
+	metrics *worker.Metrics
 }
 
 func (o *workerOpts) register(fs *flag.FlagSet) {
@@ -106,6 +108,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 		Jobs: o.jobs, Fetches: o.fetches, DeleteJobs: o.deleteJobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
 		InstanceResync: o.instanceResync,
 		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
+		Metrics:        o.metrics,
 	}, bus, kube, factory, rep, log)
 	return w, rep, err
 }
@@ -144,7 +147,7 @@ func workerMetrics(reg *prometheus.Registry, w *worker.Worker) {
 	stat("services_recreated_total", "Services recreated after a BMC IP change.", func(s worker.Stats) int64 { return s.Recreated })
 	stat("services_deleted_total", "Services deleted by delete jobs.", func(s worker.Stats) int64 { return s.Deleted })
 	stat("delete_jobs_published_total", "Delete jobs published.", func(s worker.Stats) int64 { return s.DeleteJobs })
-	stat("jobs_failed_total", "Jobs that ended in an error event.", func(s worker.Stats) int64 { return s.Failed })
+	stat("jobs_failed_total", "Jobs that failed: sync jobs whose status fetch or apply failed, jobs that gave up after their deliveries or were refused.", func(s worker.Stats) int64 { return s.Failed })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "cached_clients", Help: "MAT clients in the cache."},
 		func() float64 { return float64(len(w.Cache().Stats().URLs)) }))
 }
@@ -173,7 +176,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	reg := prometheus.NewRegistry()
+	reg := newRegistry()
 	countKubeRequests(cfg, reg)
 	kube, err := kubeClient(cfg)
 	if err != nil {
@@ -188,11 +191,16 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	w, _, err := o.build(ctx, bus, kube, log)
+	if o.metrics, err = worker.NewMetrics(reg); err != nil {
+		return err
+	}
+	w, rep, err := o.build(ctx, bus, kube, log)
 	if err != nil {
 		return err
 	}
 	workerMetrics(reg, w)
+	eventMetrics(reg, bus, rep)
+	reg.MustRegister(newConsumerCollector(bus))
 	ready := workerReadiness(nc, startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log), w)
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
@@ -218,11 +226,20 @@ func workerReadiness(nc *nats.Conn, probe *apiProbe, w *worker.Worker) readiness
 func countKubeRequests(cfg *rest.Config, reg *prometheus.Registry) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Name: "kube_requests_total",
 		Help: "Kubernetes API requests sent, by HTTP method (a watch counts once, when it starts)."}, []string{"method"})
-	reg.MustRegister(c)
+	writes := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "matbus", Name: "kube_write_duration_seconds",
+		Help:    "Duration of Kubernetes API writes (POST, PUT, PATCH, DELETE) until the response headers, by HTTP method; failed ones included.",
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"method"})
+	reg.MustRegister(c, writes)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripper(func(r *http.Request) (*http.Response, error) {
 			c.WithLabelValues(r.Method).Inc()
-			return rt.RoundTrip(r)
+			if r.Method == http.MethodGet || r.Method == http.MethodHead {
+				return rt.RoundTrip(r)
+			}
+			start := time.Now()
+			resp, err := rt.RoundTrip(r)
+			writes.WithLabelValues(r.Method).Observe(time.Since(start).Seconds())
+			return resp, err
 		})
 	})
 }

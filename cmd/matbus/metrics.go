@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/matbus/matbus/events"
+)
+
+// newRegistry returns a registry with the Go runtime (go_*) and process
+// (process_*) collectors and matbus_build_info{version,revision,goversion}
+// (always 1).
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Name: "build_info",
+		Help:        "Always 1; the labels name the build.",
+		ConstLabels: prometheus.Labels{"version": version, "revision": revision(), "goversion": runtime.Version()}},
+		func() float64 { return 1 }))
+	return reg
+}
+
+// eventMetrics registers the publish counts of bus and the failure counts
+// of rep (either may be nil) with reg:
+//
+//	matbus_events_published_total{type}             events this process published, by CloudEvents type
+//	matbus_publish_failures_total{type}             publishes that gave up after retries, by type
+//	matbus_error_events_total{kind}                 failures reported (each is logged; published unless rate limited)
+//	matbus_error_events_suppressed_total{kind}      of those, kept from NATS by the --error-window rate limit
+func eventMetrics(reg *prometheus.Registry, bus *events.Bus, rep *events.Reporter) {
+	if bus != nil {
+		typed := func(pick func() map[events.Type]int64) func() map[string]int64 {
+			return func() map[string]int64 {
+				out := map[string]int64{}
+				for t, n := range pick() {
+					out[string(t)] = n
+				}
+				return out
+			}
+		}
+		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_events_published_total", "Events this process published, by type.", []string{"type"}, nil),
+			values: typed(func() map[events.Type]int64 { p, _ := bus.PublishStats(); return p })})
+		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_publish_failures_total", "Publishes that gave up after their retries, by event type.", []string{"type"}, nil),
+			values: typed(func() map[events.Type]int64 { _, f := bus.PublishStats(); return f })})
+	}
+	if rep != nil {
+		kinds := func(pick func() map[events.ErrorKind]int64) func() map[string]int64 {
+			return func() map[string]int64 {
+				out := map[string]int64{}
+				for k, n := range pick() {
+					out[string(k)] = n
+				}
+				return out
+			}
+		}
+		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_error_events_total", "Failures reported, by error kind; each is logged and published on <prefix>.errors.<kind> unless rate limited.", []string{"kind"}, nil),
+			values: kinds(func() map[events.ErrorKind]int64 { r, _ := rep.Stats(); return r })})
+		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_error_events_suppressed_total", "Failures reported but not published because of the --error-window rate limit, by error kind.", []string{"kind"}, nil),
+			values: kinds(func() map[events.ErrorKind]int64 { _, s := rep.Stats(); return s })})
+	}
+}
+
+// revision is the VCS revision the binary was built from ("unknown" when
+// the build has none), with "-dirty" for a modified tree.
+func revision() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	rev, dirty := "unknown", false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
+		}
+	}
+	if dirty && rev != "unknown" {
+		rev += "-dirty"
+	}
+	return rev
+}
+
+// consumerCollector exports, on each scrape, the state of this
+// namespace's durable job consumers, read from JetStream (each read
+// bounded by 2 s; a consumer that cannot be read is left out):
+//
+//	matbus_consumer_pending_messages{consumer}       jobs stored and not yet delivered
+//	matbus_consumer_ack_pending_messages{consumer}   jobs delivered and not yet acknowledged
+//	matbus_consumer_redelivered_messages{consumer}   jobs delivered more than once and not yet acknowledged
+type consumerCollector struct {
+	bus                          *events.Bus
+	pending, ackPending, redeliv *prometheus.Desc
+}
+
+func newConsumerCollector(bus *events.Bus) *consumerCollector {
+	l := []string{"consumer"}
+	return &consumerCollector{bus: bus,
+		pending:    prometheus.NewDesc("matbus_consumer_pending_messages", "Jobs stored for the durable consumer and not yet delivered.", l, nil),
+		ackPending: prometheus.NewDesc("matbus_consumer_ack_pending_messages", "Jobs delivered by the durable consumer and not yet acknowledged.", l, nil),
+		redeliv:    prometheus.NewDesc("matbus_consumer_redelivered_messages", "Jobs delivered more than once and not yet acknowledged.", l, nil)}
+}
+
+func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.pending
+	ch <- c.ackPending
+	ch <- c.redeliv
+}
+
+func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
+	ns := c.bus.Config().Namespace
+	for _, r := range []struct{ role, stream string }{{events.SyncConsumer, "SYNC"}, {events.DeleteConsumer, "DELETE"}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		name := events.ConsumerName(r.role, ns)
+		cons, err := c.bus.JS.Consumer(ctx, c.bus.StreamName(r.stream), name)
+		cancel()
+		if err != nil {
+			continue
+		}
+		info := cons.CachedInfo()
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(info.NumPending), name)
+		ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(info.NumAckPending), name)
+		ch <- prometheus.MustNewConstMetric(c.redeliv, prometheus.GaugeValue, float64(info.NumRedelivered), name)
+	}
+}

@@ -1,0 +1,111 @@
+package worker
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/matbus/matbus/events"
+)
+
+// Job outcomes counted by Metrics, as JetStream saw each delivery end.
+const (
+	JobOK         = "ok"         // acknowledged: the job's effect is done (a sync job's result may still be a failed fetch: see matbus_worker_sync_results_total)
+	JobRetried    = "retried"    // nak'ed for redelivery: a transient failure, or shutdown cut it short
+	JobFailed     = "failed"     // its last allowed delivery failed: error event, terminated
+	JobTerminated = "terminated" // refused at once (permanent failure, undecodable or wrong job): error event, terminated
+)
+
+// Metrics are a worker's Prometheus metrics. NewMetrics registers them;
+// pass them in Config.Metrics. A nil *Metrics records nothing.
+type Metrics struct {
+	jobs          *prometheus.CounterVec   // type, outcome
+	jobDuration   *prometheus.HistogramVec // type
+	syncResults   *prometheus.CounterVec   // outcome
+	fetchDuration prometheus.Histogram
+	fetchFailures prometheus.Counter
+	lastSync      *prometheus.GaugeVec // instance
+}
+
+// NewMetrics creates the worker metrics and registers them with reg:
+//
+//	matbus_worker_jobs_total{type,outcome}                 counter: deliveries ended, type sync|cleanup|delete|unknown, outcome ok|retried|failed|terminated
+//	matbus_worker_job_duration_seconds{type}               histogram: time a job's handler ran
+//	matbus_worker_sync_results_total{outcome}              counter: sync job results sent to the scheduler (synced, unchanged, skipped, fetch-failed, apply-failed)
+//	matbus_worker_mat_fetch_duration_seconds               histogram: one MAT status request, success or not
+//	matbus_worker_mat_fetch_failures_total                 counter: sync jobs whose status fetch failed (nothing changed)
+//	matbus_instance_last_sync_success_timestamp_seconds{instance}  gauge: Unix time of the instance's last sync job that fetched its status and converged it (synced or unchanged); the series goes with the instance
+//
+// It returns an error when a name is already registered.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		jobs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: "jobs_total",
+			Help: "Job deliveries ended, by job type (sync, cleanup, delete) and outcome (ok, retried, failed, terminated)."}, []string{"type", "outcome"}),
+		jobDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "matbus", Subsystem: "worker", Name: "job_duration_seconds",
+			Help: "Time a job's handler ran, by job type.", Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}}, []string{"type"}),
+		syncResults: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: "sync_results_total",
+			Help: "Sync job results sent to the discovery scheduler, by outcome (synced, unchanged, skipped, fetch-failed, apply-failed)."}, []string{"outcome"}),
+		fetchDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "matbus", Subsystem: "worker", Name: "mat_fetch_duration_seconds",
+			Help: "Duration of one MAT status request, successful or not.", Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}),
+		fetchFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: "mat_fetch_failures_total",
+			Help: "Sync jobs whose MAT status fetch failed (no Service was changed)."}),
+		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "matbus", Name: "instance_last_sync_success_timestamp_seconds",
+			Help: "Unix time of the instance's last sync job on this worker that fetched its status and converged its Services."}, []string{"instance"}),
+	}
+	for _, c := range []prometheus.Collector{m.jobs, m.jobDuration, m.syncResults, m.fetchDuration, m.fetchFailures, m.lastSync} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// jobType names a job type in metrics.
+func jobType(t events.Type) string {
+	switch t {
+	case events.TypeSyncJob:
+		return "sync"
+	case events.TypeCleanupJob:
+		return "cleanup"
+	case events.TypeDeleteJob:
+		return "delete"
+	default:
+		return "unknown"
+	}
+}
+
+func (m *Metrics) jobEnded(t events.Type, outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.jobs.WithLabelValues(jobType(t), outcome).Inc()
+	if d >= 0 {
+		m.jobDuration.WithLabelValues(jobType(t)).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) fetched(d time.Duration) {
+	if m != nil {
+		m.fetchDuration.Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) syncResult(key, outcome string, at time.Time) {
+	if m == nil {
+		return
+	}
+	m.syncResults.WithLabelValues(outcome).Inc()
+	switch outcome {
+	case events.OutcomeFetchFailed:
+		m.fetchFailures.Inc()
+	case events.OutcomeSynced, events.OutcomeUnchanged:
+		m.lastSync.WithLabelValues(key).Set(float64(at.UnixNano()) / 1e9)
+	}
+}
+
+// forget drops the series of an instance that is gone.
+func (m *Metrics) forget(key string) {
+	if m != nil {
+		m.lastSync.DeleteLabelValues(key)
+	}
+}
