@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"sync"
 	"time"
@@ -30,7 +31,8 @@ var errOutsideRange = errors.New("outside the service range")
 
 // apply runs the plan's writes, each retried with its own backoff, with at
 // most Concurrency Kubernetes writes in flight in this worker, then
-// publishes the remaining deletes as delete jobs (planned at plannedAt).
+// publishes the remaining deletes as delete jobs (planned at plannedAt,
+// from the status whose fingerprint tag is tag).
 //
 // Order matters when a BMC IP moves (cluster-ip mode): a Service to delete
 // that holds an IP a create or recreate of this plan needs is deleted
@@ -43,7 +45,7 @@ var errOutsideRange = errors.New("outside the service range")
 // writes and the deletes still happen, and the job then ends as failed
 // (retrying cannot help; the next sync tries again). Transient ones that
 // outlast their backoff are reported together, one event for the job.
-func (w *Worker) apply(ctx context.Context, key string, p plan.Plan, plannedAt time.Time) error {
+func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan.Plan, plannedAt time.Time, tag string) error {
 	type op struct {
 		kind events.ErrorKind
 		svc  *corev1.Service
@@ -115,6 +117,11 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan, plannedAt t
 		}
 		later = append(later, s)
 	}
+	later = w.freshDeletes(later, tag)
+	if len(first)+len(later)+len(p.Create)+len(p.Update)+len(p.Recreate) > 0 {
+		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate),
+			"delete", len(first)+len(later), "delete_waiting", len(p.Delete)-len(first)-len(later))
+	}
 	runPhase(first)
 
 	// Phase 2: recreates (each frees its old IP before it takes the new one).
@@ -143,7 +150,7 @@ func (w *Worker) apply(ctx context.Context, key string, p plan.Plan, plannedAt t
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if err := w.publishDeletes(ctx, key, later, "stale", "", plannedAt); err != nil {
+	if err := w.publishDeletes(ctx, key, later, "stale", staleSuffix(tag), plannedAt); err != nil {
 		return err
 	}
 	if len(transient) > 0 {

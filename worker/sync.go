@@ -185,10 +185,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	}
 	p := plan.Diff(desired, existing, w.cfg.Plan)
 	w.reportSkipped(ctx, key, p)
-	if !p.Empty() {
-		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate), "delete", len(p.Delete))
-	}
-	err = w.apply(ctx, key, p, fetchedAt)
+	err = w.apply(ctx, log, key, p, fetchedAt, fpTag(fp))
 	if len(p.Create)+len(p.Recreate) > 0 && ctx.Err() == nil {
 		w.afterGone(ctx, key, rec.Seq, jobID)
 	}
@@ -214,6 +211,45 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 // afterGone cleans up instance key again when its record changed to gone
 // since the sync read it at sequence seq: the clean-up job's list may have
 // run before this sync's creates.
+// fpTag is a short form of a status fingerprint for delete job ids ("" for none).
+func fpTag(fp string) string {
+	_, hexsum, _ := strings.Cut(fp, ":")
+	return hexsum[:min(len(hexsum), 12)]
+}
+
+// staleSuffix is the Nats-Msg-Id suffix of the stale delete jobs planned
+// from the status of fingerprint tag: the same status gives the same ids
+// (workers planning it alike publish each job once), a later status new
+// ones (a device that came back and went again is deleted at once, not
+// after the de-duplication window).
+func staleSuffix(tag string) string {
+	if tag == "" {
+		return ""
+	}
+	return "~" + tag
+}
+
+// freshDeletes returns the Services of svcs whose stale delete job for the
+// status tagged tag was not published by this worker in the last duplicate
+// window, and forgets older entries.
+func (w *Worker) freshDeletes(svcs []*corev1.Service, tag string) []*corev1.Service {
+	window := w.bus.Config().DuplicateWindow
+	out := svcs[:0:0]
+	for _, s := range svcs {
+		if at, ok := w.pendingDeletes.Load(string(s.UID) + staleSuffix(tag)); ok && time.Since(at.(time.Time)) < window {
+			continue
+		}
+		out = append(out, s)
+	}
+	w.pendingDeletes.Range(func(k, v any) bool {
+		if time.Since(v.(time.Time)) >= window {
+			w.pendingDeletes.Delete(k)
+		}
+		return true
+	})
+	return out
+}
+
 func (w *Worker) afterGone(ctx context.Context, key string, seq uint64, jobID string) {
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	// No record is a lost stream, not a gone instance: nothing is deleted.
@@ -406,6 +442,9 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 // publishDeletes publishes one delete job per Service with Nats-Msg-Id
 // "del-<uid><idSuffix>", up to 16 at once. plannedAt is when the status
 // the deletes were planned from was fetched (zero for clean-ups).
+//
+// Stale deletes are remembered (see freshDeletes): a poll during a long
+// fan-out does not publish every waiting delete again.
 func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason, idSuffix string, plannedAt time.Time) error {
 	var (
 		mu   sync.Mutex
@@ -426,6 +465,9 @@ func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.
 				errs = append(errs, fmt.Sprintf("%s: %v", s.Name, err))
 				mu.Unlock()
 				return
+			}
+			if reason == "stale" {
+				w.pendingDeletes.Store(string(s.UID)+idSuffix, time.Now())
 			}
 			w.deleteJobs.Add(1)
 		}()

@@ -121,6 +121,8 @@ type Worker struct {
 	memo       *memo
 	desired    *desiredCache
 	warned     sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
+	// pendingDeletes: Service UID -> when its stale delete job was published.
+	pendingDeletes sync.Map
 
 	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }
@@ -330,13 +332,24 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, 
 			continue
 		}
 		delay = 100 * time.Millisecond
-		w.pull(ctx, log, cons, sem, slots, dispatch)
+		batch := slots
+		if consumer == events.SyncConsumer {
+			batch = 1
+		}
+		w.pull(ctx, log, cons, sem, slots, batch, dispatch)
 	}
 }
 
 // pull sends pull requests on cons for free slots of sem until ctx ends or
 // a request fails (the consumer is then re-attached by the caller).
-func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots int,
+//
+// With batch 1 (the sync consumer) it keeps one pull request for one
+// message open at a time, sending the next as soon as a message arrives:
+// the server serves waiting pull requests in arrival order, so jobs are
+// spread over the workers in turn instead of filling the first worker's
+// large request (a few big instances on one worker while others idle).
+// Larger batches (delete jobs, which are many and small) may overlap.
+func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots, batchMax int,
 	dispatch func(jetstream.Msg)) {
 	actx, cancel := context.WithCancel(ctx)
 	broken := make(chan error, 1)
@@ -356,7 +369,7 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 		}
 		n := 1
 	take:
-		for n < slots {
+		for n < min(slots, batchMax) {
 			select {
 			case sem <- struct{}{}:
 				n++
@@ -378,7 +391,9 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 			return
 		}
 		batches.Add(1)
+		done := make(chan struct{})
 		go func() {
+			defer close(done)
 			defer batches.Done()
 			defer fcancel()
 			got := 0
@@ -396,6 +411,12 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 				}
 			}
 		}()
+		if batchMax == 1 {
+			select {
+			case <-done:
+			case <-actx.Done():
+			}
+		}
 	}
 }
 
