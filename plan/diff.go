@@ -111,12 +111,16 @@ func (p Plan) Empty() bool {
 //     of external-ip mode).
 //   - IPModeExternalIP: spec.externalIPs must be exactly [BMC IP] (else
 //     Update); spec.clusterIP is the API server's and is not compared —
-//     except that a spec.clusterIP equal to the BMC IP is a leftover of
-//     cluster-ip mode: Recreate, so that the BMC IP is released from the
-//     service range and the API server assigns a fresh one. (Should the
-//     API server pick the BMC IP itself — only possible when it lies inside
-//     the service range, which is what cluster-ip mode is for — the
-//     recreate repeats on the next sync.)
+//     except that a spec.clusterIP equal to the BMC (or NVOS) IP is a
+//     leftover of cluster-ip mode (the old controller's, or matbus's in
+//     that mode): Recreate, so that the IP is released from the service
+//     range and the API server assigns a fresh one. So is a spec.clusterIP
+//     that the API server allocated and that equals the BMC or NVOS IP of
+//     another desired Service of d (that device's traffic would reach the
+//     wrong Service). Foreign labels, annotations and owner references
+//     survive the recreate. (Should the API server pick such an IP again
+//     — only possible when it lies inside the service range, which is what
+//     cluster-ip mode is for — the recreate repeats on the next sync.)
 //
 // Equal → no entry. Diff never modifies d, existing or their contents; Old
 // and Delete entries point at the existing objects, New and Create are
@@ -136,6 +140,18 @@ func Diff(d Desired, existing []*corev1.Service, opts Options) Plan {
 	}
 
 	var p Plan
+	// In external-ip mode, every BMC and NVOS IP of the status: a Service
+	// whose allocated clusterIP is one of them takes it from the device
+	// that publishes it.
+	var ips map[string]bool
+	if mode == IPModeExternalIP {
+		ips = make(map[string]bool, len(d.Services))
+		for _, want := range d.Services {
+			if ip := bmcIP(want, mode); ip != "" {
+				ips[ip] = true
+			}
+		}
+	}
 	desired := make(map[string]bool, len(d.Services))
 	for _, want := range d.Services {
 		desired[want.Name] = true
@@ -153,7 +169,7 @@ func Diff(d Desired, existing []*corev1.Service, opts Options) Plan {
 			continue
 		}
 		switch {
-		case needsRecreate(have, want, mode):
+		case needsRecreate(have, want, mode, ips):
 			p.Recreate = append(p.Recreate, Update{Old: have, New: recreated(have, want, mode)})
 		case !equalOurs(have, want, mode):
 			n := have.DeepCopy()
@@ -257,11 +273,13 @@ func bmcIP(want *corev1.Service, mode IPMode) string {
 	return want.Spec.ClusterIP
 }
 
-// needsRecreate reports whether have's spec.clusterIP must change.
-func needsRecreate(have, want *corev1.Service, mode IPMode) bool {
+// needsRecreate reports whether have's spec.clusterIP must change: in
+// external-ip mode when it is want's own IP or one of ips (another
+// device's BMC or NVOS IP), else when it is not want's.
+func needsRecreate(have, want *corev1.Service, mode IPMode, ips map[string]bool) bool {
 	if mode == IPModeExternalIP {
 		ip := bmcIP(want, mode)
-		return ip != "" && have.Spec.ClusterIP == ip
+		return have.Spec.ClusterIP != "" && (ip != "" && have.Spec.ClusterIP == ip || ips[have.Spec.ClusterIP])
 	}
 	return have.Spec.ClusterIP != want.Spec.ClusterIP
 }
