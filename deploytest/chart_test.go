@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
 
 	"github.com/matbus/matbus/events"
 )
@@ -52,12 +54,12 @@ func TestHelmLint(t *testing.T) {
 func TestChartRendersExpectedObjects(t *testing.T) {
 	want := map[string][]string{
 		"default": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "Role/matbus", "RoleBinding/matbus",
-			"Secret/matbus-nats", "ServiceAccount/matbus"},
-		"all-features": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "PodDisruptionBudget/matbus-discovery",
-			"PodDisruptionBudget/matbus-worker", "Role/matbus", "RoleBinding/matbus", "ScaledObject/matbus-worker",
-			"Secret/matbus-nats", "ServiceAccount/matbus"},
+			"Secret/matbus-nats", "Service/matbus-metrics", "ServiceAccount/matbus"},
+		"all-features": {"ConfigMap/matbus-dashboard", "Deployment/matbus-discovery", "Deployment/matbus-worker", "PodDisruptionBudget/matbus-discovery",
+			"PodDisruptionBudget/matbus-worker", "PrometheusRule/matbus", "Role/matbus", "RoleBinding/matbus", "ScaledObject/matbus-worker",
+			"Secret/matbus-nats", "Service/matbus-metrics", "ServiceAccount/matbus", "ServiceMonitor/matbus"},
 		"hpa": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "HorizontalPodAutoscaler/matbus-worker",
-			"Role/matbus", "RoleBinding/matbus", "ServiceAccount/matbus"},
+			"Role/matbus", "RoleBinding/matbus", "Service/matbus-metrics", "ServiceAccount/matbus"},
 	}
 	for _, vs := range valueSets {
 		t.Run(vs.name, func(t *testing.T) {
@@ -81,6 +83,8 @@ func TestChartValueErrors(t *testing.T) {
 		{"worker.autoscaling.enabled=true,worker.keda.enabled=true", "exclusive"},
 		{"worker.bmcIPMode=node-ip", "want cluster-ip or external-ip"},
 		{"serviceAccount.create=false", "serviceAccount.name is required"},
+		{"metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true", "exclusive"},
+		{"metrics.serviceMonitor.enabled=true,metrics.service.enabled=false", "needs metrics.service.enabled"},
 	} {
 		cmd := []string{"template", "matbus", chartDir, "--set", tc.set}
 		out, err := helmErr(t, cmd...)
@@ -218,6 +222,10 @@ func TestChartServerDryRun(t *testing.T) {
 						t.Logf("skipped %s %s: the KEDA CRD is not installed in the test API server (not vendored); its content is checked by TestChartKEDAScalesOnSyncConsumer", gvk.Kind, o.GetName())
 						continue
 					}
+					if gvk.Group == "monitoring.coreos.com" && errors.As(err, &nm) {
+						t.Logf("skipped %s %s: the prometheus-operator CRDs are not installed in the test API server (not vendored); TestChartMonitoring checks its content", gvk.Kind, o.GetName())
+						continue
+					}
 					t.Fatalf("%s %s: %v", gvk.Kind, o.GetName(), err)
 				}
 				wantNS := ns
@@ -344,4 +352,64 @@ func container(t *testing.T, dep *unstructured.Unstructured) containerInfo {
 		info.env = append(info.env, e.(map[string]any))
 	}
 	return info
+}
+
+// TestChartMonitoring: the ServiceMonitor scrapes the metrics Service's
+// port, which selects both Deployments' pods and targets their health port;
+// the PrometheusRule carries files/prometheus-rules.yaml unchanged; the
+// dashboard ConfigMap holds files/grafana-dashboard.json. (That the rules
+// parse and use only exported metrics is cmd/matbus's TestAlertsAndDashboardUseExportedMetrics.)
+func TestChartMonitoring(t *testing.T) {
+	objs := render(t, "matbus", "-f", chartDir+"/ci/all-features-values.yaml")
+	svc := find(t, objs, "Service", "-metrics")
+	sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector")
+	for _, dep := range []string{"-discovery", "-worker"} {
+		d := find(t, objs, "Deployment", dep)
+		podLabels, _, _ := unstructured.NestedStringMap(d.Object, "spec", "template", "metadata", "labels")
+		for k, v := range sel {
+			if podLabels[k] != v {
+				t.Errorf("metrics Service selector %s=%s does not select the %s pods", k, v, dep)
+			}
+		}
+	}
+	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
+	if len(ports) != 1 || ports[0].(map[string]any)["name"] != "http-metrics" || ports[0].(map[string]any)["targetPort"] != "http" {
+		t.Errorf("metrics Service ports: %v", ports)
+	}
+	sm := find(t, objs, "ServiceMonitor", "matbus")
+	eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
+	if len(eps) != 1 || eps[0].(map[string]any)["port"] != "http-metrics" || eps[0].(map[string]any)["path"] != "/metrics" {
+		t.Errorf("ServiceMonitor endpoints: %v", eps)
+	}
+	smSel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
+	for k, v := range smSel {
+		if svc.GetLabels()[k] != v {
+			t.Errorf("ServiceMonitor selector %s=%s does not select the metrics Service", k, v)
+		}
+	}
+
+	rule := find(t, objs, "PrometheusRule", "matbus")
+	b, err := os.ReadFile(filepath.Join(root, chartDir, "files", "prometheus-rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var file map[string]any
+	if err := yaml.Unmarshal(b, &file); err != nil {
+		t.Fatal(err)
+	}
+	if spec, _, _ := unstructured.NestedFieldNoCopy(rule.Object, "spec"); !reflect.DeepEqual(spec, file) {
+		t.Errorf("PrometheusRule spec differs from files/prometheus-rules.yaml")
+	}
+	cm := find(t, objs, "ConfigMap", "-dashboard")
+	dash, _, _ := unstructured.NestedString(cm.Object, "data", "matbus.json")
+	want, err := os.ReadFile(filepath.Join(root, chartDir, "files", "grafana-dashboard.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(dash) != strings.TrimSpace(string(want)) {
+		t.Errorf("dashboard ConfigMap differs from files/grafana-dashboard.json")
+	}
+	if cm.GetLabels()["grafana_dashboard"] != "1" {
+		t.Errorf("dashboard ConfigMap labels %v lack the sidecar's grafana_dashboard=1", cm.GetLabels())
+	}
 }

@@ -169,43 +169,16 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	}
 	rep := events.NewReporter(bus, log, ident, 0)
 	var leading atomic.Bool
-	reg := newRegistry()
-	eventMetrics(reg, bus, rep)
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "leader",
-		Help: "1 while this publisher holds the Lease."}, func() float64 {
-		if leading.Load() {
-			return 1
-		}
-		return 0
-	}))
 	var sched atomic.Pointer[discovery.Scheduler]
-	schedulerMetrics(reg, &sched)
 	var cur atomic.Pointer[leadState]
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "last_success_timestamp_seconds",
-		Help: "Unix time of the leader's last sync tick that read the instances stream and published every event it had to (0 while not leading or before the first)."},
-		func() float64 {
-			if st := cur.Load(); st != nil {
-				if t := st.pub.LastSuccess(); !t.IsZero() {
-					return float64(t.UnixNano()) / 1e9
-				}
-			}
-			return 0
-		}))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "instances",
-		Help: "MAT instances the leader's source currently reports (0 while not leading or before its source synced)."},
-		func() float64 {
-			if st := cur.Load(); st != nil {
-				if insts, ok := st.src.Instances(); ok {
-					return float64(len(insts))
-				}
-			}
-			return 0
-		}))
+	reg := discoveryRegistry(bus, rep, &leading, &sched, &cur)
 	var probe *apiProbe
 	if kube != nil {
 		probe = startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log)
 	}
-	if err := serveHealth(ctx, healthAddr, discoveryReadiness(nc, probe, &cur, o.staleAfter).err, reg, log); err != nil {
+	ready := discoveryReadiness(nc, probe, &cur, o.staleAfter)
+	readyMetric(reg, "discovery", ready.err)
+	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
 	}
 	lead := func(ctx context.Context) error {

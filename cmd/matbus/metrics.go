@@ -4,11 +4,13 @@ import (
 	"context"
 	"runtime"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
 )
 
@@ -128,4 +130,60 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(info.NumAckPending), name)
 		ch <- prometheus.MustNewConstMetric(c.redeliv, prometheus.GaugeValue, float64(info.NumRedelivered), name)
 	}
+}
+
+// readyMetric registers matbus_ready{component}: 1 while ready returns nil
+// (what /readyz answers 200 for), else 0.
+func readyMetric(reg *prometheus.Registry, component string, ready func() error) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Name: "ready",
+		Help: "1 while the process is ready (/readyz answers 200), else 0.", ConstLabels: prometheus.Labels{"component": component}},
+		func() float64 {
+			if ready() != nil {
+				return 0
+			}
+			return 1
+		}))
+}
+
+// discoveryRegistry returns the registry of a discovery process: newRegistry,
+// eventMetrics, the scheduler's (schedulerMetrics) and
+//
+//	matbus_discovery_leader                           1 while this process holds the Lease
+//	matbus_discovery_instances                        instances the leader's source reports
+//	matbus_discovery_last_success_timestamp_seconds   the leader's last successful sync tick
+//
+// The pointers are what the process leads with (nil while following).
+func discoveryRegistry(bus *events.Bus, rep *events.Reporter, leading *atomic.Bool, sched *atomic.Pointer[discovery.Scheduler],
+	cur *atomic.Pointer[leadState]) *prometheus.Registry {
+	reg := newRegistry()
+	eventMetrics(reg, bus, rep)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "leader",
+		Help: "1 while this publisher holds the Lease."}, func() float64 {
+		if leading.Load() {
+			return 1
+		}
+		return 0
+	}))
+	schedulerMetrics(reg, sched)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "last_success_timestamp_seconds",
+		Help: "Unix time of the leader's last sync tick that read the instances stream and published every event it had to (0 while not leading or before the first)."},
+		func() float64 {
+			if st := cur.Load(); st != nil {
+				if t := st.pub.LastSuccess(); !t.IsZero() {
+					return float64(t.UnixNano()) / 1e9
+				}
+			}
+			return 0
+		}))
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "instances",
+		Help: "MAT instances the leader's source currently reports (0 while not leading or before its source synced)."},
+		func() float64 {
+			if st := cur.Load(); st != nil {
+				if insts, ok := st.src.Instances(); ok {
+					return float64(len(insts))
+				}
+			}
+			return 0
+		}))
+	return reg
 }

@@ -202,6 +202,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	eventMetrics(reg, bus, rep)
 	reg.MustRegister(newConsumerCollector(bus))
 	ready := workerReadiness(nc, startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log), w)
+	readyMetric(reg, "worker", ready.err)
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
 	}
