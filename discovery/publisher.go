@@ -20,6 +20,10 @@ type PublisherConfig struct {
 	// Scheduler tunes the per-instance sync jobs (poll interval, backoff);
 	// its SyncInterval defaults to the one above.
 	Scheduler SchedulerConfig
+	// Sources, when set, is told the instances published after every
+	// reconcile that read the instances stream, and made unready when Run
+	// returns (the sources API).
+	Sources *SourceList
 }
 
 // Publisher turns a Source into events: it compares the source's current
@@ -82,6 +86,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 		default:
 		}
 	}
+	if p.cfg.Sources != nil {
+		defer p.cfg.Sources.Unready()
+	}
 	if err := p.src.Run(ctx, notify); err != nil {
 		return err
 	}
@@ -134,6 +141,12 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 	}
 	present := make([]string, 0, len(cur))
 	defer func() { p.sched.Set(present) }()
+	complete := false // the stream was read: present is what is published
+	defer func() {
+		if complete && p.cfg.Sources != nil {
+			p.cfg.Sources.Report(presentInstances(cur, present))
+		}
+	}()
 	if err := p.bus.EnsureStreams(ctx); err != nil {
 		p.fail(ctx, "", fmt.Sprintf("ensure streams: %v", err))
 		return
@@ -143,6 +156,7 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		p.fail(ctx, "", fmt.Sprintf("read instances stream: %v", err))
 		return
 	}
+	complete = true
 	published := true // every publish of this reconcile succeeded
 	defer func() {
 		if published {
@@ -214,6 +228,21 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 			p.fail(ctx, key, fmt.Sprintf("publish clean-up job: %v", err))
 		}
 	}
+}
+
+// presentInstances returns the instances of cur whose keys are in present.
+func presentInstances(cur []events.Instance, present []string) []events.Instance {
+	in := make(map[string]bool, len(present))
+	for _, k := range present {
+		in[k] = true
+	}
+	out := make([]events.Instance, 0, len(present))
+	for _, inst := range cur {
+		if in[inst.Key] {
+			out = append(out, inst)
+		}
+	}
+	return out
 }
 
 func (p *Publisher) fail(ctx context.Context, key, msg string) {

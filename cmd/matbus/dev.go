@@ -49,7 +49,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	var w workerOpts
 	var f fleetOpts
 	var natsPort, sims, workers int
-	var natsHost, stateDir string
+	var natsHost, stateDir, sourceListAddr string
 	var once, tls bool
 	var timeout, interval, poll time.Duration
 	n.register(fs)
@@ -67,6 +67,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	durationVar(fs, &poll, "poll-interval", time.Second, "how often every instance's status is polled (cheap when unchanged)")
 	fs.BoolVar(&tls, "tls", true, "simulators serve HTTPS with self-signed certificates (as MAT does)")
 	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one)")
+	fs.StringVar(&sourceListAddr, "source-list-addr", "127.0.0.1:0", "address of the sources API (GET /v1/sources, as `discovery` serves it; port 0 picks a free one); empty disables")
 	// dev's own defaults differ from the worker's.
 	_ = fs.Set("namespace", "matbus-dev")
 	fs.Lookup("namespace").DefValue = "matbus-dev"
@@ -211,7 +212,15 @@ func runDev(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	rep := events.NewReporter(pubBus, log.With("component", "discovery"), "dev-discovery", 0)
-	pub := discovery.NewPublisher(pubBus, src, discovery.PublisherConfig{SyncInterval: interval, Scheduler: discovery.SchedulerConfig{PollInterval: poll}}, rep, log.With("component", "discovery"))
+	sources := discovery.NewSourceList(time.Second)
+	if sourceListAddr != "" {
+		addr, _, err := discovery.ServeSources(runCtx, sourceListAddr, sources, log.With("component", "discovery"))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "Sources API              http://%s%s\n", addr, discovery.SourcesPath)
+	}
+	pub := discovery.NewPublisher(pubBus, src, discovery.PublisherConfig{SyncInterval: interval, Scheduler: discovery.SchedulerConfig{PollInterval: poll}, Sources: sources}, rep, log.With("component", "discovery"))
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = pub.Run(runCtx) }()
 

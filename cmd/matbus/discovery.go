@@ -28,6 +28,8 @@ type discoveryOpts struct {
 	leaseDuration, renewDeadline     time.Duration
 	retryPeriod                      time.Duration
 	staleAfter                       time.Duration
+	sourceListAddr                   string
+	sourceListDebounce               time.Duration
 }
 
 func (o *discoveryOpts) register(fs *flag.FlagSet) {
@@ -47,6 +49,8 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease is valid without renewal")
 	durationVar(fs, &o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before giving up")
 	durationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
+	fs.StringVar(&o.sourceListAddr, "source-list-addr", "127.0.0.1:8090", "address of the sources API (GET /v1/sources: the MAT instances published, for the MAT protocol gateway); loopback only unless set, empty disables")
+	fs.DurationVar(&o.sourceListDebounce, "source-list-debounce", 5*time.Second, "changes of the sources API's set within this window of the first are served as one new generation (0: at once)")
 	durationVar(fs, &o.staleAfter, "health-stale-after", 10*time.Minute, "the leader is not ready (/readyz 503) when no sync tick read the instances stream and published its events for this long")
 }
 
@@ -65,6 +69,9 @@ func (o *discoveryOpts) validate() error {
 	}
 	if o.staleAfter <= o.interval {
 		return fmt.Errorf("%w: --health-stale-after must be longer than --sync-interval", errUsage)
+	}
+	if o.sourceListDebounce < 0 {
+		return fmt.Errorf("%w: --source-list-debounce must not be negative", errUsage)
 	}
 	if o.static.given && o.staticFile != "" {
 		return fmt.Errorf("%w: give --static or --static-file, not both", errUsage)
@@ -181,6 +188,13 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
 	}
+	sources := discovery.NewSourceList(o.sourceListDebounce)
+	if o.sourceListAddr != "" {
+		sctx, stopSources := context.WithCancel(ctx)
+		served := make(chan struct{})
+		go func() { defer close(served); serveSources(sctx, o.sourceListAddr, sources, log) }()
+		defer func() { stopSources(); <-served }()
+	}
 	lead := func(ctx context.Context) error {
 		leading.Store(true)
 		defer leading.Store(false)
@@ -188,7 +202,9 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		if err != nil {
 			return err
 		}
-		pub := discovery.NewPublisher(bus, src, o.publisherConfig(), rep, log)
+		pcfg := o.publisherConfig()
+		pcfg.Sources = sources
+		pub := discovery.NewPublisher(bus, src, pcfg, rep, log)
 		sched.Store(pub.Scheduler())
 		cur.Store(&leadState{pub: pub, src: src, since: time.Now()})
 		defer cur.Store(nil)
@@ -218,6 +234,27 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	return leadErr
+}
+
+// serveSources serves the sources API on addr until ctx ends. An address
+// that cannot be bound (another discovery process on this host has it, as
+// when a standby runs beside the leader outside Kubernetes) is logged and
+// tried again every 10 s: the sources API is not worth stopping discovery
+// for.
+func serveSources(ctx context.Context, addr string, sources *discovery.SourceList, log *slog.Logger) {
+	for {
+		_, done, err := discovery.ServeSources(ctx, addr, sources, log)
+		if err == nil {
+			<-done
+			return
+		}
+		log.Warn("sources API not served; retrying in 10s", "error", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Second):
+		}
+	}
 }
 
 // publisherConfig is the publisher's configuration from the flags.

@@ -116,6 +116,9 @@ func TestDevOnce(t *testing.T) {
 	if code != 0 || !s.Converged || s.Services != 24 || s.Expected != 24 || s.Errors != 0 {
 		t.Fatalf("exit %d, summary %+v\nstdout:\n%s\nstderr:\n%s", code, s, out, errOut)
 	}
+	if !strings.Contains(out, "Sources API              http://127.0.0.1:") {
+		t.Errorf("no sources API line:\n%s", out)
+	}
 	if strings.Count(out, "+ service mat-bmc-") != 22 || strings.Count(out, "+ service mat-nvos-") != 2 {
 		t.Fatalf("expected 22 BMC and 2 NVOS created-Service lines:\n%s", out)
 	}
