@@ -709,6 +709,9 @@ func TestComposeUpWithoutDocker(t *testing.T) {
 			if s.Command[0] == "worker" || s.Command[0] == "discovery" {
 				env = append(env, "MATBUS_HEALTH_ADDR=127.0.0.1:0")
 			}
+			if s.Command[0] == "discovery" { // one host for every container here
+				env = append(env, "MATBUS_SOURCE_LIST_ADDR=127.0.0.1:0")
+			}
 			id := fmt.Sprintf("%s-%d", name, i+1)
 			logs[id] = startProcess(t, id, matbus(t), args, env)
 		}
@@ -736,7 +739,9 @@ func TestComposeUpWithoutDocker(t *testing.T) {
 	ns := *service(t, p, "worker").Environment["NAMESPACE"]
 	var got int
 	waitFor(t, ctx, fmt.Sprintf("%d BMC Services in namespace %s", expected, ns), func() bool {
-		l, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: plan.LabelManagedBy + "=" + plan.DefaultManagedBy})
+		// BMC Services: the simulators' switches also get NVOS Services.
+		l, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: plan.LabelManagedBy + "=" + plan.DefaultManagedBy +
+			"," + plan.LabelMachineType + "!=" + string(plan.MachineTypeNVOS)})
 		if err == nil {
 			got = len(l.Items)
 		}

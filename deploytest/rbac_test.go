@@ -59,6 +59,7 @@ func TestChartRBACConverges(t *testing.T) {
 	objs := render(t, ns,
 		"--set", "nats.url="+ns2.ClientURL(),
 		"--set", "worker.serviceCIDR[0]="+c.ServiceCIDR,
+		"--set", "worker.enableStateAnnotations=true", // the power state update below
 		"--set", "discovery.syncInterval=1s",
 		"--set", "discovery.leaderElection.leaseDuration=4s",
 		"--set", "discovery.leaderElection.renewDeadline=3s",
@@ -205,7 +206,7 @@ func TestChartRBACConverges(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, ctx, "the removed device's Service deleted", func() bool {
-		return serviceOf(managed(), sw.MatID) == nil && len(managed()) == sim.BMCs()
+		return serviceOf(managed(), sw.MatID) == nil && len(managed()) == sim.BMCs()+sim.Fleet().NVOSIPs()
 	})
 	if err := admin.CoreV1().Services(ns).Delete(ctx, matSvc.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
