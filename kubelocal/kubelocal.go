@@ -48,6 +48,10 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// EtcdPort and APIPort fix the ports; 0 picks free ones.
 	EtcdPort, APIPort int
+	// APIServerArgs are extra kube-apiserver flags, appended after the
+	// built-in ones (a later flag wins), e.g.
+	// []string{"--enable-admission-plugins=DenyServiceExternalIPs"}.
+	APIServerArgs []string
 }
 
 // Cluster is a running etcd + kube-apiserver pair.
@@ -184,18 +188,18 @@ func (c *Cluster) start(ctx context.Context) error {
 		return err
 	}
 	c.URL = "https://127.0.0.1:" + strconv.Itoa(apiPort)
-	c.api = c.command("kube-apiserver", filepath.Join(cfg.BinDir, "kube-apiserver"),
-		"--etcd-servers="+c.etcdURL,
-		"--cert-dir="+filepath.Join(c.Dir, "certs"),
-		"--secure-port="+strconv.Itoa(apiPort), "--bind-address=127.0.0.1",
-		"--service-cluster-ip-range="+cfg.ServiceCIDR,
-		"--token-auth-file="+tokenFile,
+	c.api = c.command("kube-apiserver", filepath.Join(cfg.BinDir, "kube-apiserver"), append([]string{
+		"--etcd-servers=" + c.etcdURL,
+		"--cert-dir=" + filepath.Join(c.Dir, "certs"),
+		"--secure-port=" + strconv.Itoa(apiPort), "--bind-address=127.0.0.1",
+		"--service-cluster-ip-range=" + cfg.ServiceCIDR,
+		"--token-auth-file=" + tokenFile,
 		"--authorization-mode=RBAC",
 		"--service-account-issuer=https://localhost",
-		"--service-account-key-file="+saPub,
-		"--service-account-signing-key-file="+saKey,
+		"--service-account-key-file=" + saPub,
+		"--service-account-signing-key-file=" + saKey,
 		"--disable-admission-plugins=ServiceAccount",
-		"--enable-priority-and-fairness=false")
+		"--enable-priority-and-fairness=false"}, cfg.APIServerArgs...)...)
 	if err := c.api.Start(); err != nil {
 		return fmt.Errorf("kubelocal: start kube-apiserver: %w", err)
 	}
