@@ -12,7 +12,7 @@ all: build
 
 ## build: the matbus binary into bin/
 build:
-	$(GO) build -trimpath -o bin/matbus ./cmd/matbus
+	$(GO) build -trimpath -ldflags "-X main.commit=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)" -o bin/matbus ./cmd/matbus
 
 ## tools: etcd, kube-apiserver and helm built from Go modules into .bin/ (once)
 tools:

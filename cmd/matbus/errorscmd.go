@@ -80,6 +80,9 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		if !errors.Is(err, jetstream.ErrStreamNotFound) {
 			return fmt.Errorf("read error events: %w", err)
 		}
+		if !follow {
+			return fmt.Errorf("stream %s does not exist: no matbus component has started on this NATS server with --subject-prefix %q", bus.StreamName("ERRORS"), n.prefix)
+		}
 		fmt.Fprintf(e.stderr, "waiting for stream %s (no matbus component has started yet)\n", bus.StreamName("ERRORS"))
 		if !sleepCtx(ctx, 2*time.Second) {
 			return nil

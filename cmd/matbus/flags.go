@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -29,12 +31,18 @@ func EnvName(name string) string {
 	return "MATBUS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
-// newFlagSet returns a flag set whose usage lists each flag's environment variable.
-func newFlagSet(name, summary string, out io.Writer) *flag.FlagSet {
+// newFlagSet returns a flag set whose usage lists each flag's environment
+// variable. The flag package prints nothing itself (its output is
+// discarded): parseWithEnv turns -h/--help into a *helpError, which run
+// prints to stdout, and a parse error into one line naming the flag and
+// the bad value. Usage prints to the flag set's output; _ is unused (help
+// goes to stdout through run, errors to stderr).
+func newFlagSet(name, summary string, _ io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(out)
+	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
-		fmt.Fprintf(out, "Usage: matbus %s [flags]\n\n%s\n\nFlags (each also read from the environment variable shown):\n", name, summary)
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: matbus %s [flags]\n\n%s\n\nFlags (each also read from the environment variable shown):\n", name, summary)
 		var names []string
 		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 		sort.Strings(names)
@@ -44,10 +52,76 @@ func newFlagSet(name, summary string, out io.Writer) *flag.FlagSet {
 			if f.DefValue != "" && f.DefValue != "[]" {
 				def = fmt.Sprintf(" (default %s)", f.DefValue)
 			}
-			fmt.Fprintf(out, "  --%s  [env %s]\n      %s%s\n", n, EnvName(n), f.Usage, def)
+			fmt.Fprintf(w, "  --%s  [env %s]\n      %s%s\n", n, EnvName(n), f.Usage, def)
 		}
 	}
 	return fs
+}
+
+// helpError is -h/--help on the command line: run prints Usage to stdout
+// and exits 0. It wraps flag.ErrHelp.
+type helpError struct{ fs *flag.FlagSet }
+
+func (h *helpError) Error() string { return flag.ErrHelp.Error() }
+func (h *helpError) Unwrap() error { return flag.ErrHelp }
+
+// Usage writes the flag set's usage to w.
+func (h *helpError) Usage(w io.Writer) {
+	h.fs.SetOutput(w)
+	defer h.fs.SetOutput(io.Discard)
+	h.fs.Usage()
+}
+
+var (
+	invalidValue = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-(\S+): (.*)$`)
+	undefined    = regexp.MustCompile(`^flag provided but not defined: -+(.*)$`)
+	missingArg   = regexp.MustCompile(`^flag needs an argument: -+(.*)$`)
+)
+
+// flagError rewrites an error of fs.Parse into one line naming the flag
+// and the bad value, e.g. `--jobs "abc": want an integer`.
+func flagError(fs *flag.FlagSet, err error) error {
+	msg := err.Error()
+	if m := undefined.FindStringSubmatch(msg); m != nil {
+		return fmt.Errorf("unknown flag --%s", m[1])
+	}
+	if m := missingArg.FindStringSubmatch(msg); m != nil {
+		return fmt.Errorf("flag --%s needs a value", m[1])
+	}
+	m := invalidValue.FindStringSubmatch(msg)
+	if m == nil {
+		return err
+	}
+	value, name, cause := m[1], m[2], m[3]
+	want := ""
+	if f := fs.Lookup(name); f != nil {
+		switch f.Value.(type) {
+		case positiveDuration:
+			want = "want a positive duration such as 30s or 1m"
+		default:
+			switch fmt.Sprintf("%T", f.Value) {
+			case "*flag.intValue", "*flag.int64Value", "*flag.uintValue", "*flag.uint64Value":
+				want = "want an integer"
+			case "*flag.float64Value":
+				want = "want a number"
+			case "*flag.boolValue":
+				want = "want true or false"
+			case "*flag.durationValue":
+				want = "want a duration such as 30s or 1m"
+			}
+		}
+	}
+	switch {
+	case want != "" && (cause == "parse error" || cause == "value out of range"):
+		if cause == "value out of range" {
+			want += " in range"
+		}
+		return fmt.Errorf("--%s %q: %s", name, value, want)
+	case want != "":
+		return fmt.Errorf("--%s %q: %s (%s)", name, value, want, cause)
+	default:
+		return fmt.Errorf("--%s %q: %s", name, value, cause)
+	}
 }
 
 // parseWithEnv parses args; every flag not given on the command line takes
@@ -55,7 +129,10 @@ func newFlagSet(name, summary string, out io.Writer) *flag.FlagSet {
 // naming the variable when a value does not parse.
 func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) error {
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			return &helpError{fs: fs}
+		}
+		return flagError(fs, err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))
@@ -69,7 +146,8 @@ func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) e
 		}
 		if v := getenv(EnvName(f.Name)); v != "" {
 			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("environment variable %s=%q: %w", EnvName(f.Name), v, e)
+				err = fmt.Errorf("environment variable %s: %w", EnvName(f.Name),
+					flagError(fs, fmt.Errorf("invalid value %q for flag -%s: %w", v, f.Name, e)))
 			}
 		}
 	})

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
+	"strings"
 	"syscall"
 )
 
@@ -36,8 +38,10 @@ func subcommands() map[string]subcommand {
 	}
 }
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with
+// -ldflags "-X main.version=... -X main.commit=..."; the commit in the Go
+// build info (vcs.revision) wins when there is one.
+var version, commit = "dev", ""
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -48,27 +52,36 @@ func main() {
 
 func run(ctx context.Context, args []string, e env) int {
 	cmds := subcommands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(e.stderr, cmds)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	}
+	if args[0] == "help" && len(args) > 1 {
+		args = []string{args[1], "--help"} // matbus help <subcommand>
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(e.stdout, cmds)
 		return 0
 	}
 	c, ok := cmds[args[0]]
 	if !ok {
-		fmt.Fprintf(e.stderr, "matbus: unknown subcommand %q\n\n", args[0])
-		usage(e.stderr, cmds)
+		fmt.Fprintf(e.stderr, "matbus: unknown subcommand %q\nRun `matbus help` for the subcommands.\n", args[0])
 		return 2
 	}
 	err := c.run(ctx, args[1:], e)
+	var help *helpError
 	switch {
 	case err == nil:
+		return 0
+	case errors.As(err, &help):
+		help.Usage(e.stdout)
 		return 0
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
-		fmt.Fprintf(e.stderr, "matbus %s: %s\n", args[0], redactedError(err))
+		// One line naming what is wrong, one hint; not every flag.
+		fmt.Fprintf(e.stderr, "matbus %s: %s\nRun `matbus help %s` for its flags.\n", args[0],
+			strings.TrimPrefix(redactedError(err), errUsage.Error()+": "), args[0])
 		return 2
 	default:
 		var ec exitCode
@@ -101,7 +114,7 @@ func runVersion(_ context.Context, args []string, e env) error {
 	if err := parseWithEnv(fs, args, e.getenv); err != nil {
 		return usageErr(err)
 	}
-	fmt.Fprintln(e.stdout, "matbus", version)
+	fmt.Fprintf(e.stdout, "matbus %s (commit %s, %s)\n", version, revision(), runtime.Version())
 	return nil
 }
 

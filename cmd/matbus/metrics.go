@@ -67,14 +67,18 @@ func eventMetrics(reg *prometheus.Registry, bus *events.Bus, rep *events.Reporte
 	}
 }
 
-// revision is the VCS revision the binary was built from ("unknown" when
-// the build has none), with "-dirty" for a modified tree.
+// revision is the VCS revision the binary was built from, with "-dirty"
+// for a modified tree: the Go build info's, else main.commit, else "unknown".
 func revision() string {
+	fallback := commit
+	if fallback == "" {
+		fallback = "unknown"
+	}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return "unknown"
+		return fallback
 	}
-	rev, dirty := "unknown", false
+	rev, dirty := fallback, false
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
@@ -83,7 +87,7 @@ func revision() string {
 			dirty = s.Value == "true"
 		}
 	}
-	if dirty && rev != "unknown" {
+	if dirty && rev != fallback {
 		rev += "-dirty"
 	}
 	return rev
