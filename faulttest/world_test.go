@@ -185,6 +185,7 @@ func (w *world) workerArgs(name, health string) []string {
 		"--ack-wait", ackWait.String(), "--shutdown-grace", shutdownGrace.String(),
 		"--service-cidr", cluster.ServiceCIDR, "--error-window", errorWindow.String(),
 		"--kube-qps", "200", "--kube-burst", "400", "--mat-timeout", "5s",
+		"--enable-state-annotations", // power state changes are the updates some tests wait for
 	}
 }
 
