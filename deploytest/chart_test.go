@@ -53,12 +53,15 @@ func TestHelmLint(t *testing.T) {
 // so an optional feature that silently stops rendering is noticed.
 func TestChartRendersExpectedObjects(t *testing.T) {
 	want := map[string][]string{
-		"default": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "Role/matbus", "RoleBinding/matbus",
+		"default": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "Pod/matbus-test-readiness",
+			"PodDisruptionBudget/matbus-discovery", "Role/matbus", "RoleBinding/matbus",
 			"Secret/matbus-nats", "Service/matbus-metrics", "ServiceAccount/matbus"},
-		"all-features": {"ConfigMap/matbus-dashboard", "Deployment/matbus-discovery", "Deployment/matbus-worker", "PodDisruptionBudget/matbus-discovery",
+		"all-features": {"ConfigMap/matbus-dashboard", "Deployment/matbus-discovery", "Deployment/matbus-worker", "NetworkPolicy/matbus",
+			"Pod/matbus-test-readiness", "PodDisruptionBudget/matbus-discovery",
 			"PodDisruptionBudget/matbus-worker", "PrometheusRule/matbus", "Role/matbus", "RoleBinding/matbus", "ScaledObject/matbus-worker",
 			"Secret/matbus-nats", "Service/matbus-metrics", "ServiceAccount/matbus", "ServiceMonitor/matbus"},
 		"hpa": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "HorizontalPodAutoscaler/matbus-worker",
+			"Pod/matbus-test-readiness", "PodDisruptionBudget/matbus-discovery",
 			"Role/matbus", "RoleBinding/matbus", "Service/matbus-metrics", "ServiceAccount/matbus"},
 	}
 	for _, vs := range valueSets {
@@ -81,7 +84,7 @@ func TestChartValueErrors(t *testing.T) {
 		set, want string
 	}{
 		{"worker.autoscaling.enabled=true,worker.keda.enabled=true", "exclusive"},
-		{"worker.bmcIPMode=node-ip", "want cluster-ip or external-ip"},
+		{"worker.bmcIPMode=node-ip", "cluster-ip"},
 		{"serviceAccount.create=false", "serviceAccount.name is required"},
 		{"metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true", "exclusive"},
 		{"metrics.serviceMonitor.enabled=true,metrics.service.enabled=false", "needs metrics.service.enabled"},
@@ -352,6 +355,100 @@ func container(t *testing.T, dep *unstructured.Unstructured) containerInfo {
 		info.env = append(info.env, e.(map[string]any))
 	}
 	return info
+}
+
+// TestChartSchemaRejectsBadValues: values.schema.json refuses wrong types
+// and values in `helm lint` and `helm template`, naming the value.
+func TestChartSchemaRejectsBadValues(t *testing.T) {
+	for _, set := range []string{
+		"discovery.replicas=abc", "worker.replicas=-1", "discovery.syncInterval=5", "discovery.syncInterval=soon",
+		"discovery.leaderElection.leaseDuration=15", "worker.shutdownGrace=10", "namespace=Bad_NS",
+		"common.logFormat=xml", "common.logLevel=loud", "common.healthPort=70000", "worker.jobs=0",
+		"nats.url=http://nats:4222", "nats.subjectPrefix=a..b", "image.digest=latest", "discovery.podAntiAffinity=always",
+		"metrics.serviceMonitor.interval=30", "networkPolicy.egress.natsPort=0",
+	} {
+		key, _, _ := strings.Cut(set, "=")
+		want := "/" + strings.ReplaceAll(key, ".", "/")
+		for _, cmd := range [][]string{{"lint", "--strict", chartDir, "--set", set}, {"template", "matbus", chartDir, "--set", set}} {
+			out, err := helmErr(t, cmd...)
+			if err == nil || !strings.Contains(out, want) {
+				t.Errorf("helm %s --set %s: want a schema failure naming %s, got err=%v\n%s", cmd[0], set, want, err, out)
+			}
+		}
+	}
+}
+
+// TestChartDiscoveryAvailability: by default the publishers get a
+// PodDisruptionBudget and a soft anti-affinity on the host; "hard" makes
+// it required, "none" or an explicit affinity replaces it.
+func TestChartDiscoveryAvailability(t *testing.T) {
+	anti := func(args ...string) map[string]any {
+		t.Helper()
+		d := find(t, render(t, "matbus", args...), "Deployment", "-discovery")
+		a, _, _ := unstructured.NestedMap(d.Object, "spec", "template", "spec", "affinity")
+		return a
+	}
+	objs := render(t, "matbus")
+	pdb := find(t, objs, "PodDisruptionBudget", "-discovery")
+	if v, _, _ := unstructured.NestedFieldNoCopy(pdb.Object, "spec", "maxUnavailable"); fmt.Sprint(v) != "1" {
+		t.Errorf("discovery PDB maxUnavailable %v, want 1", v)
+	}
+	soft, _, _ := unstructured.NestedSlice(anti(), "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+	if len(soft) != 1 || !strings.Contains(fmt.Sprint(soft), "kubernetes.io/hostname") || !strings.Contains(fmt.Sprint(soft), "component:discovery") {
+		t.Errorf("default discovery affinity: %v", anti())
+	}
+	hard, _, _ := unstructured.NestedSlice(anti("--set", "discovery.podAntiAffinity=hard"), "podAntiAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+	if len(hard) != 1 {
+		t.Errorf("hard discovery affinity: %v", anti("--set", "discovery.podAntiAffinity=hard"))
+	}
+	if a := anti("--set", "discovery.podAntiAffinity=none"); a != nil {
+		t.Errorf("podAntiAffinity=none renders affinity %v", a)
+	}
+	if a := anti("--set", "discovery.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=infra",
+		"--set", "discovery.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists"); a["podAntiAffinity"] != nil {
+		t.Errorf("an explicit affinity is merged with the default anti-affinity: %v", a)
+	}
+}
+
+// TestChartHelmTestAndNetworkPolicy: the helm test Pod probes the metrics
+// Service's /readyz with the release's image and is selected neither by
+// that Service nor by the NetworkPolicy; the NetworkPolicy admits the
+// health port and, with egress on, DNS, NATS and the API server.
+func TestChartHelmTestAndNetworkPolicy(t *testing.T) {
+	objs := render(t, "matbus", "-f", chartDir+"/ci/all-features-values.yaml")
+	pod := find(t, objs, "Pod", "-test-readiness")
+	if pod.GetAnnotations()["helm.sh/hook"] != "test" {
+		t.Errorf("test Pod annotations %v", pod.GetAnnotations())
+	}
+	cs, _, _ := unstructured.NestedSlice(pod.Object, "spec", "containers")
+	if len(cs) != 1 {
+		t.Fatalf("test Pod containers: %v", cs)
+	}
+	args, _, _ := unstructured.NestedStringSlice(cs[0].(map[string]any), "args")
+	if !slices.Contains(args, "probe") || !slices.Contains(args, "--url=http://matbus-metrics.matbus.svc:8080/readyz") {
+		t.Errorf("test Pod args %v", args)
+	}
+	if img, worker := cs[0].(map[string]any)["image"], container(t, find(t, objs, "Deployment", "-worker")); img != worker.image {
+		t.Errorf("test Pod image %v, worker image %s", img, worker.image)
+	}
+	svcSel, _, _ := unstructured.NestedStringMap(find(t, objs, "Service", "-metrics").Object, "spec", "selector")
+	np := find(t, objs, "NetworkPolicy", "matbus")
+	npSel, _, _ := unstructured.NestedStringMap(np.Object, "spec", "podSelector", "matchLabels")
+	for what, sel := range map[string]map[string]string{"metrics Service": svcSel, "NetworkPolicy": npSel} {
+		all := true
+		for k, v := range sel {
+			all = all && pod.GetLabels()[k] == v
+		}
+		if all {
+			t.Errorf("the %s selects the test Pod", what)
+		}
+	}
+	spec := fmt.Sprint(np.Object["spec"])
+	for _, want := range []string{"port:http", "port:53", "port:4222", "port:6443", "port:8090", "Egress"} {
+		if !strings.Contains(spec, want) {
+			t.Errorf("NetworkPolicy lacks %s: %s", want, spec)
+		}
+	}
 }
 
 // TestChartMonitoring: the ServiceMonitor scrapes the metrics Service's

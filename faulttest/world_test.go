@@ -232,6 +232,7 @@ func (w *world) startDiscovery(ident string, extra ...string) *proc {
 		"--identity", ident, "--health-addr", health, "--mat-scheme", "http",
 		"--sync-interval", syncInterval.String(), "--leader-elect",
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
+		"--source-list-addr", "", // several discovery processes share this host
 	}
 	p := startProc(w.t, w.dir, ident, matbusBin, append(args, extra...)...)
 	p.health = health
