@@ -188,6 +188,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
 	}
+	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
 	sources := discovery.NewSourceList(o.sourceListDebounce)
 	if o.sourceListAddr != "" {
 		sctx, stopSources := context.WithCancel(ctx)

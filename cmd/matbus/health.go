@@ -130,3 +130,29 @@ func freshness(what string, staleAfter time.Duration, last, since func() time.Ti
 		return nil
 	}}
 }
+
+// warnWhileUnready logs a WARN line with the reason every `every` (the
+// first after `first`) while r is not ready, so a wait for NATS, the
+// Kubernetes API or an informer is never silent, and an INFO line when it
+// becomes ready after such a warning. It returns when ctx ends.
+func warnWhileUnready(ctx context.Context, r readiness, first, every time.Duration, log *slog.Logger) {
+	t := time.NewTimer(first)
+	defer t.Stop()
+	warned := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		switch err := r.err(); {
+		case err != nil:
+			log.Warn("not ready, still waiting", "reason", err.Error())
+			warned = true
+		case warned:
+			log.Info("ready")
+			warned = false
+		}
+		t.Reset(every)
+	}
+}

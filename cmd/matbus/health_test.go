@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -9,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,4 +228,57 @@ func get(t *testing.T, url string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestWaitIsNeverSilent: while not ready, a WARN line with the reason is
+// repeated; when ready again, one INFO line says so.
+func TestWaitIsNeverSilent(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	r := readiness{{name: "Kubernetes API", check: func() error {
+		if down.Load() {
+			return errors.New("unreachable: connection refused")
+		}
+		return nil
+	}}}
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		warnWhileUnready(ctx, r, time.Millisecond, 10*time.Millisecond, slog.New(slog.NewTextHandler(&out, nil)))
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(out.String(), "level=WARN") < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	down.Store(false)
+	for !strings.Contains(out.String(), `level=INFO msg=ready`) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	s := out.String()
+	if strings.Count(s, `level=WARN msg="not ready, still waiting" reason="Kubernetes API: unreachable: connection refused"`) < 3 ||
+		strings.Count(s, "level=INFO msg=ready") != 1 {
+		t.Fatalf("log:\n%s", s)
+	}
 }

@@ -206,6 +206,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
 	}
+	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
 	return w.Run(ctx)
 }
 
