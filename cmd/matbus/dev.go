@@ -255,6 +255,26 @@ func runDev(ctx context.Context, args []string, e env) error {
 		return devSummary{Converged: converged, Services: count(), Expected: expected, Errors: errCount.Load(),
 			ElapsedSeconds: time.Since(start).Seconds(), NATSURL: n.url, Kubeconfig: kubeconfig, Namespace: w.namespace}
 	}
+	// One line when every expected Service exists.
+	inPlace, watched := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-t.C:
+				if count() >= expected {
+					fmt.Fprintf(out, "All %d Services in place after %.1fs\n", expected, time.Since(start).Seconds())
+					close(inPlace)
+					return
+				}
+			}
+		}
+	}()
+	defer func() { <-watched }()
 	if !once {
 		<-ctx.Done()
 		stopAll()
@@ -262,8 +282,6 @@ func runDev(ctx context.Context, args []string, e env) error {
 	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
-	tick := time.NewTicker(250 * time.Millisecond)
-	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -272,12 +290,10 @@ func runDev(ctx context.Context, args []string, e env) error {
 		case <-deadline.C:
 			stopAll()
 			return writeSummary(out, summary(false), 1)
-		case <-tick.C:
-			if count() >= expected {
-				s := summary(true)
-				stopAll()
-				return writeSummary(out, s, 0)
-			}
+		case <-inPlace:
+			s := summary(true)
+			stopAll()
+			return writeSummary(out, s, 0)
 		}
 	}
 }

@@ -119,6 +119,9 @@ func TestDevOnce(t *testing.T) {
 	if !strings.Contains(out, "Sources API              http://127.0.0.1:") {
 		t.Errorf("no sources API line:\n%s", out)
 	}
+	if !strings.Contains(out, "All 24 Services in place after ") {
+		t.Errorf("no line saying every Service is in place:\n%s", out)
+	}
 	if strings.Count(out, "+ service mat-bmc-") != 22 || strings.Count(out, "+ service mat-nvos-") != 2 {
 		t.Fatalf("expected 22 BMC and 2 NVOS created-Service lines:\n%s", out)
 	}
