@@ -184,6 +184,29 @@ func TestChartRBACConverges(t *testing.T) {
 		return s != nil && s.Spec.ClusterIP == newIP
 	})
 
+	// get: a Service another tool took over (its managed-by changed) is read
+	// when the create of its name answers AlreadyExists, and left alone;
+	// handed back, it is ours again.
+	setManagedBy := func(matID, value string) {
+		t.Helper()
+		s := serviceOf(managed(), matID)
+		if value == plan.DefaultManagedBy {
+			l, err := admin.CoreV1().Services(ns).List(ctx, metav1.ListOptions{LabelSelector: plan.LabelManagedBy + "=someone-else"})
+			if err != nil || len(l.Items) != 1 {
+				t.Fatalf("the taken-over Service: %v, %d found", err, len(l.Items))
+			}
+			s = &l.Items[0]
+		}
+		s.Labels[plan.LabelManagedBy] = value
+		if _, err := admin.CoreV1().Services(ns).Update(ctx, s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setManagedBy(host.MatID, "someone-else")
+	waitFor(t, ctx, "the taken-over name read with get", func() bool { used, _ := rec.result(); return used["get services"] })
+	setManagedBy(host.MatID, plan.DefaultManagedBy)
+	waitFor(t, ctx, "the handed-back Service managed again", func() bool { return serviceOf(managed(), host.MatID) != nil })
+
 	// A leader change: stop the leading publisher; the standby takes over.
 	lease, err := admin.CoordinationV1().Leases(ns).Get(ctx, leaseName, metav1.GetOptions{})
 	if err != nil {

@@ -28,7 +28,7 @@ type Config struct {
 	// Services are created and watched.
 	Plan plan.Options
 	// Jobs is how many sync jobs one worker plans and applies at once;
-	// default 4. A job waiting for its MAT status holds no such slot (see
+	// default 8. A job waiting for its MAT status holds no such slot (see
 	// Fetches), so instances that hang cannot keep others from being applied.
 	Jobs int
 	// Fetches is how many sync jobs one worker takes from the sync
@@ -65,7 +65,7 @@ func (c Config) withDefaults() Config {
 		c.Name = "worker"
 	}
 	if c.Jobs <= 0 {
-		c.Jobs = 4
+		c.Jobs = 8
 	}
 	if c.Fetches <= 0 {
 		c.Fetches = 32
@@ -119,6 +119,7 @@ type Worker struct {
 	applySlots chan struct{} // Jobs
 	writes     chan struct{} // Concurrency
 	memo       *memo
+	records    *recordView // newest instance records seen by runInstances
 	desired    *desiredCache
 	warned     sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
 	// pendingDeletes: Service UID -> when its stale delete job was published.
@@ -147,7 +148,7 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	}
 	w := &Worker{cfg: cfg, bus: bus, kube: kube, report: report, log: log,
 		applySlots: make(chan struct{}, cfg.Jobs), writes: make(chan struct{}, cfg.Concurrency),
-		memo: newMemo(), desired: newDesiredCache()}
+		memo: newMemo(), desired: newDesiredCache(), records: newRecordView()}
 	w.cache = NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })
 	return w, nil
 }

@@ -51,7 +51,7 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
 	durationVar(fs, &o.instanceResync, "instance-resync", time.Minute, "how often the client cache is checked against the instances stream, and the Services of instances gone for two such periods are cleaned up again")
 	durationVar(fs, &o.ackWait, "ack-wait", 30*time.Second, "JetStream AckWait of the job consumers (progress is reported at a third of it)")
-	fs.IntVar(&o.jobs, "jobs", 4, "sync jobs one worker plans and applies at once (a job waiting for MAT holds no such slot)")
+	fs.IntVar(&o.jobs, "jobs", 8, "sync jobs one worker plans and applies at once (a job waiting for MAT holds no such slot)")
 	fs.IntVar(&o.fetches, "fetches", 32, "sync jobs one worker takes at once, most of them waiting for a MAT status or finding it unchanged")
 	fs.IntVar(&o.deleteJobs, "delete-jobs", 32, "delete jobs one worker runs at once")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "Kubernetes writes in flight in one worker, over all its jobs")
