@@ -207,3 +207,33 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A URL's user info, query and fragment never appear in a validation
+// error; a port out of range is refused.
+func TestValidateURLHidesCredentials(t *testing.T) {
+	for _, raw := range []string{
+		"https://admin:Pa55word@127.0.0.1:21266/?token=abc123",
+		"https://127.0.0.1:1/?access_token=SECRETQ",
+		"https://127.0.0.1:1/#frag-SECRETQ",
+		"https://u:Pa55word@127.0.0.1:1",
+		"ftp://u:Pa55word@host/?token=abc123",
+		"https://127.0.0.1:1/%zz?token=abc123",
+	} {
+		err := ValidateURL(raw)
+		if err == nil {
+			t.Errorf("ValidateURL(%q) accepted", raw)
+			continue
+		}
+		for _, secret := range []string{"Pa55word", "abc123", "SECRETQ"} {
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("ValidateURL(%q) = %q: shows %s", raw, err, secret)
+			}
+		}
+	}
+	if err := ValidateURL("https://127.0.0.1:99999"); err == nil || !strings.Contains(err.Error(), "99999") {
+		t.Errorf("port 99999: %v", err)
+	}
+	if err := ValidateURL("https://127.0.0.1:1266"); err != nil {
+		t.Errorf("a good URL: %v", err)
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -269,19 +271,50 @@ func (i *Instance) validate() error {
 }
 
 // ValidateURL checks a MAT base URL as carried in events: absolute http or
-// https with a host, no user info, query or fragment.
+// https with a host, a port (when given) in 1..65535, and no user info,
+// query or fragment. Errors name the URL without its user info, query or
+// fragment, which may hold credentials.
 func ValidateURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("url %q: %w", raw, err)
+		return fmt.Errorf("url %q: not a URL", safeURL(raw))
 	}
+	shown := safeURL(raw)
 	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("url %q: scheme must be http or https", raw)
+		return fmt.Errorf("url %q: scheme must be http or https", shown)
 	}
-	if u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return fmt.Errorf("url %q: needs a host and no user info, query or fragment", raw)
+	if u.Host == "" || u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return fmt.Errorf("url %q: needs a host and no user info, query or fragment", shown)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("url %q: port %s is not in 1..65535", shown, p)
+		}
 	}
 	return nil
+}
+
+// safeURL returns raw without user info, query and fragment (each replaced
+// by a marker), for error messages.
+func safeURL(raw string) string {
+	s := raw
+	marker := ""
+	if i := strings.IndexAny(s, "?#"); i >= 0 {
+		s, marker = s[:i], "?…"
+	}
+	if i := strings.Index(s, "://"); i >= 0 {
+		rest := s[i+3:]
+		host := rest
+		if j := strings.IndexByte(rest, '/'); j >= 0 {
+			host = rest[:j]
+		}
+		if k := strings.LastIndexByte(host, '@'); k >= 0 {
+			s = s[:i+3] + "***@" + rest[k+1:]
+		}
+	} else if k := strings.LastIndexByte(s, '@'); k >= 0 {
+		s = "***@" + s[k+1:]
+	}
+	return s + marker
 }
 
 func (j *SyncJob) validate() error    { return ValidateKey(j.Key) }

@@ -39,6 +39,9 @@ type devSummary struct {
 	NATSURL        string  `json:"nats_url"`
 	Kubeconfig     string  `json:"kubeconfig,omitempty"`
 	Namespace      string  `json:"namespace"`
+	// Stopped says why --once ended: converged, timeout, permanent (every
+	// remaining problem is a permanent error) or interrupted.
+	Stopped string `json:"stopped"`
 }
 
 func runDev(ctx context.Context, args []string, e env) error {
@@ -85,6 +88,23 @@ func runDev(ctx context.Context, args []string, e env) error {
 	}
 	if natsPort < 0 || natsPort > 65535 {
 		return fmt.Errorf("%w: --nats-port must be 0..65535 (0 picks a free port)", errUsage)
+	}
+	// The fleets are generated before anything starts, so a bad fleet flag
+	// is a usage error, not a failure after the API server is up.
+	base, err := netip.ParsePrefix(f.subnet)
+	if err != nil || !base.Addr().Is4() {
+		return fmt.Errorf("%w: --bmc-subnet %q: want an IPv4 CIDR such as 10.96.64.0/20", errUsage, f.subnet)
+	}
+	var fleets []*matsim.Fleet
+	for i := 0; i < sims; i++ {
+		spec := f.spec()
+		spec.Seed = f.seed + int64(i)
+		spec.BMCSubnet = nthSubnet(base, i).String()
+		fleet, err := matsim.Generate(spec)
+		if err != nil {
+			return fmt.Errorf("%w: fleet %d (--hosts, --dpus-per-host, --switches, --power-shelves, --bmc-subnet): %v", errUsage, i, err)
+		}
+		fleets = append(fleets, fleet)
 	}
 	log, err := l.logger(e.stderr)
 	if err != nil {
@@ -144,17 +164,11 @@ func runDev(ctx context.Context, args []string, e env) error {
 	defer wg.Wait()
 
 	// 3. Simulators.
-	base := netip.MustParsePrefix(f.subnet)
 	var entries []discovery.StaticEntry
 	expected := 0
-	for i := 0; i < sims; i++ {
+	for i, fleet := range fleets {
 		spec := f.spec()
-		spec.Seed = f.seed + int64(i)
 		spec.BMCSubnet = nthSubnet(base, i).String()
-		fleet, err := matsim.Generate(spec)
-		if err != nil {
-			return fmt.Errorf("%w: fleet %d: %v", errUsage, i, err)
-		}
 		sim, err := matsim.New(matsim.Options{Fleet: fleet, TLS: tls})
 		if err != nil {
 			return err
@@ -171,12 +185,29 @@ func runDev(ctx context.Context, args []string, e env) error {
 
 	// 4. Error events and Services, printed as they happen.
 	var errCount atomic.Int64
+	var lastPermanent, lastTransient atomic.Int64 // unix nanoseconds of the newest error event of each kind
+	seen := map[string]bool{}                       // event ids printed (a re-published event arrives twice)
 	nc, err := n.connect("matbus-dev-watch", log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
 	sub, err := nc.Subscribe(events.Subjects{Prefix: n.prefix}.Errors(), func(m *nats.Msg) {
+		env, derr := events.Decode(m.Data)
+		if derr == nil {
+			if seen[env.ID] {
+				return
+			}
+			if len(seen) > 10000 {
+				clear(seen)
+			}
+			seen[env.ID] = true
+			if ev, err := events.Into[events.Error](env, events.TypeError); err == nil && ev.Permanent {
+				lastPermanent.Store(time.Now().UnixNano())
+			} else {
+				lastTransient.Store(time.Now().UnixNano())
+			}
+		}
 		errCount.Add(1)
 		var b bytes.Buffer
 		b.WriteString("ERROR ")
@@ -251,9 +282,9 @@ func runDev(ctx context.Context, args []string, e env) error {
 	}
 	fmt.Fprintf(out, "Pipeline                 1 discovery publisher, %d workers, sync every %s; expecting %d Services.%s\n", workers, interval, expected, stopHint)
 
-	summary := func(converged bool) devSummary {
-		return devSummary{Converged: converged, Services: count(), Expected: expected, Errors: errCount.Load(),
-			ElapsedSeconds: time.Since(start).Seconds(), NATSURL: n.url, Kubeconfig: kubeconfig, Namespace: w.namespace}
+	summary := func(stopped string) devSummary {
+		return devSummary{Converged: stopped == "converged", Services: count(), Expected: expected, Errors: errCount.Load(),
+			ElapsedSeconds: time.Since(start).Seconds(), NATSURL: n.url, Kubeconfig: kubeconfig, Namespace: w.namespace, Stopped: stopped}
 	}
 	// One line when every expected Service exists.
 	inPlace, watched := make(chan struct{}), make(chan struct{})
@@ -282,18 +313,35 @@ func runDev(ctx context.Context, args []string, e env) error {
 	}
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
+	// Every remaining problem is permanent when Services stopped changing,
+	// permanent errors came and no transient one, for two sync intervals.
+	settle := 2*interval + 5*time.Second
+	check := time.NewTicker(500 * time.Millisecond)
+	defer check.Stop()
+	lastCount, lastChange := count(), time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			stopAll()
-			return writeSummary(out, summary(false), 1)
+			return writeSummary(out, summary("interrupted"), 1)
 		case <-deadline.C:
 			stopAll()
-			return writeSummary(out, summary(false), 1)
+			return writeSummary(out, summary("timeout"), 1)
 		case <-inPlace:
-			s := summary(true)
+			s := summary("converged")
 			stopAll()
 			return writeSummary(out, s, 0)
+		case now := <-check.C:
+			if c := count(); c != lastCount {
+				lastCount, lastChange = c, now
+			}
+			p, tr := lastPermanent.Load(), lastTransient.Load()
+			if p != 0 && now.Sub(lastChange) > settle && now.Sub(time.Unix(0, tr)) > settle {
+				fmt.Fprintf(out, "Stopping: %d of %d Services in place and every remaining problem is permanent (the ERROR lines above)\n", lastCount, expected)
+				s := summary("permanent")
+				stopAll()
+				return writeSummary(out, s, 1)
+			}
 		}
 	}
 }
