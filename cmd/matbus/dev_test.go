@@ -1,0 +1,44 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/matbus/matbus/kubelocal"
+)
+
+// TestDevOnceStopsOnPermanentProblems: with BMC IPs outside the service
+// range (cluster-ip mode), every create is refused permanently; `dev
+// --once` stops with exit 1 and "stopped":"permanent" instead of waiting
+// for --timeout, and prints each error event once.
+func TestDevOnceStopsOnPermanentProblems(t *testing.T) {
+	if _, err := kubelocal.FindBinaries(); errors.Is(err, kubelocal.ErrNoBinaries) && os.Getenv("MATBUS_REQUIRE_K8S") == "" {
+		t.Skip("kube-apiserver/etcd not built; run `make tools` (make test does)")
+	}
+	code, out, errOut := runArgs(t, map[string]string{"KUBECONFIG": ""}, "dev", "--once", "--nats-port", "0", "--simulators", "1",
+		"--hosts", "2", "--bmc-subnet", "10.200.0.0/20", "--sync-interval", "2s", "--timeout", "2m30s", "--log-level", "error",
+		"--namespace", "matbus-dev-permanent")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var s devSummary
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
+		t.Fatalf("last line is not the JSON summary: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	if code != 1 || s.Stopped != "permanent" || s.Converged || s.Services >= s.Expected || s.Errors == 0 {
+		t.Fatalf("exit %d, summary %+v\nstdout:\n%s", code, s, out)
+	}
+	if !strings.Contains(out, "every remaining problem is permanent") {
+		t.Errorf("no line saying why it stopped:\n%s", out)
+	}
+	errLines := map[string]int{}
+	for _, l := range lines {
+		if strings.HasPrefix(l, "ERROR ") {
+			errLines[l]++
+			if errLines[l] == 2 {
+				t.Errorf("error printed twice: %s", l)
+			}
+		}
+	}
+}
