@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -54,11 +55,22 @@ func (o *natsOpts) validate() error {
 // connect dials NATS and keeps reconnecting forever; name identifies the
 // connection on the server.
 func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
+	var authLog every
 	opts := []nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
 		nats.RetryOnFailedConnect(true),
+		// Refused credentials are retried like any other failure (every
+		// ReconnectWait, each refusal logged): a server whose account is
+		// fixed is joined without a restart, and /readyz says why meanwhile.
+		nats.IgnoreAuthErrorAbort(),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if isAuthErr(err) && authLog.allow(time.Now()) {
+				log.Error("NATS refused the credentials; retrying (this line repeats at most every 30 s)",
+					"url", events.StripUserInfo(o.url), "error", err)
+			}
+		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("NATS disconnected", "error", err)
@@ -74,10 +86,10 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 			}
 			log.Warn("NATS error", "error", err)
 		}),
-		// nats.go gives up when the server refuses the credentials twice: say so.
+		// A connection closed for good (Close, or a failure nats.go does not
+		// retry) is said so.
 		nats.ClosedHandler(func(c *nats.Conn) {
-			if err := c.LastError(); errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
-				errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired) {
+			if err := c.LastError(); isAuthErr(err) {
 				log.Error("NATS refused the credentials; connection closed, not reconnecting", "url", events.StripUserInfo(o.url), "error", err)
 			}
 		}),
@@ -271,4 +283,27 @@ func parseSelector(s string) (map[string]string, error) {
 		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
 	}
 	return out, nil
+}
+
+// isAuthErr reports whether err is NATS refusing the credentials.
+func isAuthErr(err error) bool {
+	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
+		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
+}
+
+// every lets an event through at most once per 30 s. It is safe for
+// concurrent use.
+type every struct {
+	mu   sync.Mutex
+	last time.Time
+}
+
+func (e *every) allow(now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.last.IsZero() && now.Sub(e.last) < 30*time.Second {
+		return false
+	}
+	e.last = now
+	return true
 }
