@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,7 +70,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	durationVar(fs, &interval, "sync-interval", 10*time.Second, "how often every instance gets a full resync")
 	durationVar(fs, &poll, "poll-interval", time.Second, "how often every instance's status is polled (cheap when unchanged)")
 	fs.BoolVar(&tls, "tls", true, "simulators serve HTTPS with self-signed certificates (as MAT does)")
-	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one)")
+	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one, removed on exit; those of killed runs are removed at the next start)")
 	fs.StringVar(&sourceListAddr, "source-list-addr", "127.0.0.1:0", "address of the sources API (GET /v1/sources, as `discovery` serves it; port 0 picks a free one); empty disables")
 	// dev's own defaults differ from the worker's.
 	_ = fs.Set("namespace", "matbus-dev")
@@ -136,7 +137,23 @@ func runDev(ctx context.Context, args []string, e env) error {
 		fmt.Fprintf(out, "Kubernetes               %s (from %s)\n", cfg.Host, kubeconfig)
 	} else {
 		fmt.Fprintf(out, "Kubernetes               starting a local etcd + kube-apiserver ...\n")
-		cl, err := kubelocal.Start(ctx, kubelocal.Config{Dir: stateDir, Log: log})
+		dir := stateDir
+		if dir == "" {
+			// State of runs killed with SIGKILL goes first; this run's goes on exit.
+			removed, err := removeStaleDevState(os.TempDir())
+			if err != nil {
+				log.Warn("stale state of earlier runs not removed", "error", err)
+			}
+			for _, d := range removed {
+				fmt.Fprintf(out, "Removed the state of a killed run: %s\n", d)
+			}
+			var remove func()
+			if dir, remove, err = newDevState(os.TempDir()); err != nil {
+				return err
+			}
+			defer remove()
+		}
+		cl, err := kubelocal.Start(ctx, kubelocal.Config{Dir: dir, Log: log})
 		if err != nil {
 			return fmt.Errorf("local Kubernetes: %w", err)
 		}
@@ -186,7 +203,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	// 4. Error events and Services, printed as they happen.
 	var errCount atomic.Int64
 	var lastPermanent, lastTransient atomic.Int64 // unix nanoseconds of the newest error event of each kind
-	seen := map[string]bool{}                       // event ids printed (a re-published event arrives twice)
+	seen := map[string]bool{}                     // event ids printed (a re-published event arrives twice)
 	nc, err := n.connect("matbus-dev-watch", log)
 	if err != nil {
 		return err
