@@ -177,6 +177,12 @@ func runWorker(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	reg := newRegistry()
+	// The readiness probe's GET /version gets its own client, left out of
+	// matbus_kube_requests_total, which counts the work's requests only.
+	probeKube, err := kubeClient(rest.CopyConfig(cfg))
+	if err != nil {
+		return err
+	}
 	countKubeRequests(cfg, reg)
 	kube, err := kubeClient(cfg)
 	if err != nil {
@@ -201,7 +207,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	workerMetrics(reg, w)
 	eventMetrics(reg, bus, rep)
 	reg.MustRegister(newConsumerCollector(bus))
-	ready := workerReadiness(nc, startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log), w)
+	ready := workerReadiness(nc, startAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, log), w)
 	readyMetric(reg, "worker", ready.err)
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
@@ -223,8 +229,9 @@ func workerReadiness(nc *nats.Conn, probe *apiProbe, w *worker.Worker) readiness
 
 // countKubeRequests counts every request of cfg's clients by HTTP method
 // in matbus_kube_requests_total{method} (a watch counts once, when it
-// starts). In steady state a worker makes none: every read comes from its
-// informer.
+// starts). In steady state a worker's work makes none: every read comes
+// from its informer. The readiness probe (GET /version every 5 s) uses
+// another client and is not counted.
 func countKubeRequests(cfg *rest.Config, reg *prometheus.Registry) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Name: "kube_requests_total",
 		Help: "Kubernetes API requests sent, by HTTP method (a watch counts once, when it starts)."}, []string{"method"})
