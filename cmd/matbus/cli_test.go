@@ -69,3 +69,15 @@ func TestErrorsNoFollowWithoutStream(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 }
+
+// TestUnreadableKubeconfig: a kubeconfig that cannot be read is named as
+// such, exit 1.
+func TestUnreadableKubeconfig(t *testing.T) {
+	bad := t.TempDir() + "/missing-kubeconfig"
+	for _, args := range [][]string{{"worker", "--kubeconfig", bad, "--health-addr", ""}, {"discovery", "--kubeconfig", bad, "--health-addr", ""}} {
+		code, _, errOut := runArgs(t, nil, args...)
+		if code != 1 || !strings.Contains(errOut, "kubeconfig "+bad+" (--kubeconfig, KUBECONFIG) is not usable: ") || !strings.Contains(errOut, "no such file") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+}

@@ -189,6 +189,9 @@ func (o *kubeOpts) restConfig() (*rest.Config, error) {
 	var err error
 	if o.kubeconfig != "" {
 		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig %s (--kubeconfig, KUBECONFIG) is not usable: %w", o.kubeconfig, err)
+		}
 	} else {
 		cfg, err = rest.InClusterConfig()
 		if errors.Is(err, rest.ErrNotInCluster) {
