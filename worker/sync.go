@@ -294,8 +294,12 @@ func (w *Worker) reportPlanFindings(ctx context.Context, key string, d plan.Desi
 		if h.Name != "" {
 			svc = w.cfg.Plan.Namespace + "/" + h.Name
 		}
+		msg := fmt.Sprintf("%s: %s", h.Reason, h.Detail)
+		if h.Reason == plan.HoldInvalidDevice {
+			msg += "; no Service of this instance is deleted until its status is valid again"
+		}
 		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: h.MatID,
-			Service: svc, Message: fmt.Sprintf("%s: %s", h.Reason, h.Detail), Permanent: true})
+			Service: svc, Message: msg, Permanent: true})
 	}
 	w.reportWarnings(ctx, key, d)
 }
