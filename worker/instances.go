@@ -2,8 +2,8 @@ package worker
 
 import (
 	"context"
-	"sync"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
