@@ -278,3 +278,49 @@ func TestInvalidDeviceHoldsDeletes(t *testing.T) {
 		t.Error("dev-a's Service was touched")
 	}
 }
+
+// A BMC IP that moves from a device of one instance to a device of another
+// converges, whichever instance syncs first, and a refusal while the old
+// holder's Service still has it is never reported as permanent: the
+// holder's status no longer wants it, so it resolves itself.
+func TestBMCIPMovesBetweenInstances(t *testing.T) {
+	e := newEnv(t)
+	fa, fb := generatedFleet(t, "10.96.68.0/24", 11), generatedFleet(t, "10.96.69.0/24", 12)
+	sa, sb := e.startSim(matsim.Options{Fleet: fa}), e.startSim(matsim.Options{Fleet: fb})
+	e.startDiscovery(e.entry("mat-a", sa.URL()), e.entry("mat-b", sb.URL()))
+	w := e.startWorker(workerOpts{})
+	e.waitServices(append(wantServiceNames(fa), wantServiceNames(fb)...)...)
+
+	// The last top-level device of A goes away; B's last one takes its IP.
+	na, nb := sa.Fleet(), sb.Fleet()
+	gone := na.Machines[len(na.Machines)-1]
+	na.Machines = na.Machines[:len(na.Machines)-1]
+	taker := &nb.Machines[len(nb.Machines)-1]
+	taker.BMC.IP = gone.BMC.IP
+	// A's status frees the IP, then B's takes it at once: B's recreate may
+	// meet the IP still held by A's Service, whose delete is on its way.
+	if err := sa.SetFleet(na); err != nil {
+		t.Fatal(err)
+	}
+	if err := sb.SetFleet(nb); err != nil {
+		t.Fatal(err)
+	}
+	name := plan.ServiceName(plan.MachineTypeOf(taker.Kind), taker.MatID)
+	waitFor(t, name+" on the moved IP", func() (bool, string) {
+		s := e.service(name)
+		if s == nil {
+			return false, "missing"
+		}
+		return s.Spec.ClusterIP == gone.BMC.IP, "clusterIP " + s.Spec.ClusterIP
+	})
+	for _, k := range []events.ErrorKind{events.ErrorCreate, events.ErrorUpdate} {
+		for _, ev := range e.errs.Of(k) {
+			if ev.Permanent {
+				t.Errorf("a conflict that resolved itself was reported as permanent: %+v", ev)
+			}
+		}
+	}
+	if st := w.Stats(); st.Failed != 0 {
+		t.Logf("stats %+v (a transient refusal may have failed one sync)", st)
+	}
+}
