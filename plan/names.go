@@ -1,6 +1,9 @@
 package plan
 
 import (
+	"fmt"
+	"hash/fnv"
+
 	"github.com/matbus/matbus/matclient"
 )
 
@@ -234,46 +237,20 @@ func hasLabelHash(s string) bool {
 	return true
 }
 
-const hexDigit = "0123456789abcdef"
-
 // hash8 is FNV-1a-32 over s as 8 lower-case hex digits, the old
 // controller's name hash (kept long names only).
 func hash8(s string) string {
-	const (
-		offset32 = 2166136261
-		prime32  = 16777619
-	)
-	h := uint32(offset32)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= prime32
-	}
-	var b [hashLen]byte
-	for i := hashLen - 1; i >= 0; i-- {
-		b[i] = hexDigit[h&0xf]
-		h >>= 4
-	}
-	return string(b[:])
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(s))
+	return fmt.Sprintf("%0*x", hashLen, h.Sum32())
 }
 
 // hash16 is FNV-1a-64 over s as 16 lower-case hex digits, the hash of
 // hashed names and label values.
 func hash16(s string) string {
-	const (
-		offset64 = 14695981039346656037
-		prime64  = 1099511628211
-	)
-	h := uint64(offset64)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= prime64
-	}
-	var b [hash16Len]byte
-	for i := hash16Len - 1; i >= 0; i-- {
-		b[i] = hexDigit[h&0xf]
-		h >>= 4
-	}
-	return string(b[:])
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(s))
+	return fmt.Sprintf("%0*x", hash16Len, h.Sum64())
 }
 
 func isLowerHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' }

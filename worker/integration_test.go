@@ -1211,17 +1211,7 @@ func TestDeleteJobSafety(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "the delete queue drained", func() (bool, string) {
-		str, err := e.bus.JS.Stream(e.ctx, e.bus.StreamName("DELETE"))
-		if err != nil {
-			return false, err.Error()
-		}
-		info, err := str.Info(e.ctx)
-		if err != nil {
-			return false, err.Error()
-		}
-		return info.State.Msgs == 0, fmt.Sprintf("%d delete jobs left", info.State.Msgs)
-	})
+	e.drainDeletes()
 	waitSyncs(t, w, 1)
 	after := e.services()
 	for n, s := range before {
