@@ -46,7 +46,7 @@ func (w *Worker) handleDelete(ctx context.Context, env events.Envelope, subject 
 // instance (rate-limited together).
 func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	log := w.log.With("instance", job.Key, "service", job.Namespace+"/"+job.Name)
-	rec, found, err := w.instanceRecord(ctx, job.Key)
+	rec, found, err := w.bus.LastInstance(ctx, job.Key)
 	if err != nil && !isEventErr(err) {
 		return &jobError{Retry: true, Err: err}
 	}

@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -75,11 +74,7 @@ func (w *Worker) runInstances(ctx context.Context) {
 				if !ok {
 					break loop
 				}
-				var seq uint64
-				if md, err := m.Metadata(); err == nil {
-					seq = md.Sequence.Stream
-				}
-				w.handleInstanceMsg(ctx, m.Subject(), m.Data(), seq)
+				w.handleInstanceMsg(ctx, m.Subject(), m.Data())
 			case <-resync.C:
 				w.resyncCache(ctx)
 			}
@@ -89,9 +84,8 @@ func (w *Worker) runInstances(ctx context.Context) {
 	}
 }
 
-// handleInstanceMsg applies one instance event (stored at stream sequence
-// seq, 0 when unknown) to the client cache and the local view of records.
-func (w *Worker) handleInstanceMsg(ctx context.Context, subject string, data []byte, seq uint64) {
+// handleInstanceMsg applies one instance event to the client cache.
+func (w *Worker) handleInstanceMsg(ctx context.Context, subject string, data []byte) {
 	env, err := events.Decode(data)
 	if err == nil {
 		var inst events.Instance
@@ -100,9 +94,6 @@ func (w *Worker) handleInstanceMsg(ctx context.Context, subject string, data []b
 			err = keyMatches(subject, inst.Key)
 		}
 		if err == nil {
-			if seq != 0 {
-				w.records.observe(events.InstanceRecord{Type: env.Type, Instance: inst, Seq: seq, Time: env.Time})
-			}
 			w.applyInstance(ctx, env.Type, inst)
 			return
 		}
@@ -213,41 +204,4 @@ func (w *Worker) storedJobs(ctx context.Context, role, subject string) int64 {
 		n += int64(c)
 	}
 	return n
-}
-
-// recordView is this worker's view of the instances stream, fed by the
-// ordered consumer of runInstances: the newest record per instance key. It
-// answers the delete path without a request to NATS; a key it has not seen
-// is read from the stream. It is safe for concurrent use.
-type recordView struct {
-	mu   sync.Mutex
-	recs map[string]events.InstanceRecord
-}
-
-func newRecordView() *recordView { return &recordView{recs: map[string]events.InstanceRecord{}} }
-
-// observe keeps rec unless a newer record of its key is known.
-func (v *recordView) observe(rec events.InstanceRecord) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if old, ok := v.recs[rec.Instance.Key]; ok && old.Seq > rec.Seq {
-		return
-	}
-	v.recs[rec.Instance.Key] = rec
-}
-
-func (v *recordView) get(key string) (events.InstanceRecord, bool) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	r, ok := v.recs[key]
-	return r, ok
-}
-
-// instanceRecord returns the newest record of key from the local view,
-// else from the stream (see events.Bus.LastInstance).
-func (w *Worker) instanceRecord(ctx context.Context, key string) (events.InstanceRecord, bool, error) {
-	if r, ok := w.records.get(key); ok {
-		return r, true, nil
-	}
-	return w.bus.LastInstance(ctx, key)
 }

@@ -119,7 +119,6 @@ type Worker struct {
 	applySlots chan struct{} // Jobs
 	writes     chan struct{} // Concurrency
 	memo       *memo
-	records    *recordView // newest instance records seen by runInstances
 	desired    *desiredCache
 	warned     sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
 	// pendingDeletes: Service UID -> when its stale delete job was published.
@@ -148,7 +147,7 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	}
 	w := &Worker{cfg: cfg, bus: bus, kube: kube, report: report, log: log,
 		applySlots: make(chan struct{}, cfg.Jobs), writes: make(chan struct{}, cfg.Concurrency),
-		memo: newMemo(), desired: newDesiredCache(), records: newRecordView()}
+		memo: newMemo(), desired: newDesiredCache()}
 	w.cache = NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })
 	return w, nil
 }
