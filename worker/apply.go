@@ -118,6 +118,12 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 		later = append(later, s)
 	}
 	later = w.freshDeletes(later, tag)
+	if len(later) > 0 && w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) > 0 {
+		// A fan-out of this instance is still being worked off (perhaps
+		// planned by another worker): add nothing now; once its queue is
+		// empty, a later poll publishes what is still to delete.
+		later = nil
+	}
 	if len(first)+len(later)+len(p.Create)+len(p.Update)+len(p.Recreate) > 0 {
 		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate),
 			"delete", len(first)+len(later), "delete_waiting", len(p.Delete)-len(first)-len(later))
