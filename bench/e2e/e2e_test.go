@@ -202,3 +202,32 @@ func TestTable(t *testing.T) {
 		}
 	}
 }
+
+func TestParseStat(t *testing.T) {
+	line := []byte("4242 (a (b) c) S 17 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 123 0 0\n")
+	comm, ppid, cpu, ok := parseStat(line)
+	if !ok || comm != "a (b) c" || ppid != 17 || cpu != 3 {
+		t.Fatalf("parseStat = %q %d %v %v, want \"a (b) c\" 17 3 true", comm, ppid, cpu, ok)
+	}
+	if _, _, _, ok := parseStat([]byte("1 (x) S 0")); ok {
+		t.Fatal("parseStat accepted a short line")
+	}
+}
+
+func TestSampleCPUCountsTheHarness(t *testing.T) {
+	s, err := sampleCPU()
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	start := time.Now()
+	for x := 0; time.Since(start) < 300*time.Millisecond; x++ {
+		_ = x * x
+	}
+	u := s.since(time.Since(start).Seconds())
+	if u == nil || u.ByProg["harness"] < 0.1 {
+		t.Fatalf("CPU of a 300 ms busy loop not counted as the harness's: %v", u)
+	}
+	if u.Busy < u.ByProg["harness"]-0.05 {
+		t.Fatalf("machine busy %.2f s below the harness's own %.2f s", u.Busy, u.ByProg["harness"])
+	}
+}

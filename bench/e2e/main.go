@@ -291,9 +291,11 @@ func (b *bench) floor(ctx context.Context) error {
 		return nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+	cpu0, _ := sampleCPU()
 	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight)
+	f.DeleteCPU = cpu0.since(f.Delete.Seconds)
 	cancel()
-	b.logf("floor: %d raw deletes, %d in flight: %.2fs (%d failed)", len(svcs), b.cfg.InFlight, f.Delete.Seconds, f.Delete.Failed)
+	b.logf("floor: %d raw deletes, %d in flight: %.2fs (%d failed); CPU: %s", len(svcs), b.cfg.InFlight, f.Delete.Seconds, f.Delete.Failed, f.DeleteCPU)
 	return nil
 }
 

@@ -22,9 +22,10 @@ type result struct {
 // floorResult is the raw client-go floor: creates and deletes of the same
 // Services, InFlight calls at once, no client-side rate limit.
 type floorResult struct {
-	Services int   `json:"services"`
-	Create   timed `json:"create"`
-	Delete   timed `json:"delete"`
+	Services  int     `json:"services"`
+	Create    timed   `json:"create"`
+	Delete    timed   `json:"delete"`
+	DeleteCPU *cpuUse `json:"delete_cpu,omitempty"`
 }
 
 // apiWindow is the API server's request count over a window.
@@ -82,6 +83,7 @@ type roundResult struct {
 	Grow                  *phase     `json:"grow,omitempty"`
 	Shrink                *phase     `json:"shrink,omitempty"`
 	Delete                *phase     `json:"delete,omitempty"`
+	DeleteCPU             *cpuUse    `json:"delete_cpu,omitempty"`
 	Reactions             *reactions `json:"reactions,omitempty"`
 	API                   *apiWindow `json:"steady_api,omitempty"`
 	MATGetsPerInstanceMin float64    `json:"mat_gets_per_instance_per_minute"`
@@ -89,6 +91,14 @@ type roundResult struct {
 	WorkerRSS             int64      `json:"worker_rss_bytes"`
 	WorkerHWM             int64      `json:"worker_hwm_bytes"`
 	Notes                 []string   `json:"notes,omitempty"`
+}
+
+// rowDef defines a table row: its measure, unit, floor and how a round's
+// cell is computed.
+type rowDef struct {
+	measure, unit string
+	floor         *float64
+	cell          func(*roundResult) (*float64, string)
 }
 
 // tableRow is one row of the table: a floor (when one applies) and a cell
@@ -130,11 +140,6 @@ func secs(p *phase) float64 { return p.Seconds }
 
 // rows builds the table rows from the rounds.
 func (r *result) rows() []tableRow {
-	type def struct {
-		measure, unit string
-		floor         *float64
-		cell          func(*roundResult) (*float64, string)
-	}
 	var fCreate, fDelete, fRate, fIdle *float64
 	if f := r.Floor; f != nil {
 		if !f.Create.TimedOut && f.Create.Failed == 0 {
@@ -150,7 +155,7 @@ func (r *result) rows() []tableRow {
 	n := r.Config.Services
 	k := r.Config.Reactions
 	steady := num(r.Config.Steady.Seconds()) + " s"
-	defs := []def{
+	defs := []rowDef{
 		{fmt.Sprintf("1. converge from empty, %d Services", n), "s", fCreate,
 			func(x *roundResult) (*float64, string) { return cellOf(x.Converge, secs) }},
 		{fmt.Sprintf("2. grow: one instance +%d BMCs", growBMCs), "s", nil,
@@ -162,6 +167,15 @@ func (r *result) rows() []tableRow {
 		{"4. delete rate", "Services/s", fRate,
 			func(x *roundResult) (*float64, string) {
 				return cellOf(x.Delete, func(p *phase) float64 { return float64(p.Count) / max(p.Seconds, 1e-9) })
+			}},
+		cpuRow("kube-apiserver", r.Floor), cpuRow("etcd", r.Floor), cpuRow("matbus", r.Floor),
+		cpuRow("nats-server", r.Floor), cpuRow("harness", r.Floor),
+		{"4. machine CPU busy during the fan-out", "cores", busyOf(r.Floor),
+			func(x *roundResult) (*float64, string) {
+				if x.DeleteCPU == nil || x.Delete == nil || x.Delete.TimedOut {
+					return nil, ""
+				}
+				return ptr(x.DeleteCPU.Busy / max(x.DeleteCPU.Wall, 1e-9)), ""
 			}},
 		{fmt.Sprintf("5. reaction p50, %d single-BMC changes", k), "s", nil,
 			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, all, false) }},
@@ -359,4 +373,34 @@ func orNone(s string) string {
 		return "no requests"
 	}
 	return s
+}
+
+// cpuRow is the CPU milliseconds one program spent per deleted Service
+// during the delete fan-out (floor: the raw deletes), from cpuUse.
+func cpuRow(prog string, f *floorResult) rowDef {
+	per := func(u *cpuUse, n int) *float64 {
+		if u == nil || n == 0 {
+			return nil
+		}
+		return ptr(u.ByProg[prog] * 1000 / float64(n))
+	}
+	var fl *float64
+	if f != nil && !f.Delete.TimedOut && f.Delete.Failed == 0 {
+		fl = per(f.DeleteCPU, f.Services)
+	}
+	return rowDef{"4. CPU per deleted Service, " + prog, "ms", fl,
+		func(x *roundResult) (*float64, string) {
+			if x.Delete == nil || x.Delete.TimedOut {
+				return nil, ""
+			}
+			return per(x.DeleteCPU, x.Delete.Count), ""
+		}}
+}
+
+// busyOf is the machine's busy cores during the floor's deletes.
+func busyOf(f *floorResult) *float64 {
+	if f == nil || f.DeleteCPU == nil {
+		return nil
+	}
+	return ptr(f.DeleteCPU.Busy / max(f.DeleteCPU.Wall, 1e-9))
 }

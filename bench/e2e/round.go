@@ -199,6 +199,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	all = allNames(cur)
 	w = tr.Expect(all, false)
 	t0 = time.Now()
+	cpu0, _ := sampleCPU()
 	for i, s := range sims {
 		empty := &matsim.Fleet{InventoryID: cur[i].InventoryID}
 		if err := s.SetFleet(empty); err != nil {
@@ -208,6 +209,8 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 	r.Delete = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("delete fan-out: %d Services", len(all)))
 	r.Delete.Count = len(all)
+	r.DeleteCPU = cpu0.since(time.Since(t0).Seconds())
+	b.logf("%s: delete fan-out CPU: %s", tag, r.DeleteCPU)
 
 	// 8. worker memory after the run.
 	for _, p := range workers {
