@@ -23,7 +23,10 @@ type Config struct {
 	Prefix string
 	// Source names this process in the envelope's "source" attribute, e.g. "worker/pod-a".
 	Source string
-	// Replicas of every stream; default 1.
+	// Replicas of every stream: 1 (the default) to MaxReplicas. More than
+	// one needs a JetStream cluster of at least that many servers;
+	// EnsureStreams changes the replicas of existing streams to it (see
+	// ErrReplicas).
 	Replicas int
 	// Memory keeps streams in memory instead of files (tests, `matbus dev`).
 	Memory bool
@@ -88,6 +91,16 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// MaxReplicas is the most replicas JetStream keeps of a stream.
+const MaxReplicas = 5
+
+// ErrReplicas is wrapped by EnsureStreams (and so by the errors of
+// whatever calls it) when NATS refuses a stream's replica count: a single
+// server takes only 1, a cluster no more than it has JetStream servers
+// up ("insufficient resources"). It is a configuration error: retrying
+// helps only once servers join.
+var ErrReplicas = errors.New("stream replicas refused by NATS")
+
 // The two job consumer roles. With Config.Namespace set, the durable
 // consumer of a role is named ConsumerName(role, namespace), e.g.
 // "matbus-sync-team-a"; without it, the role itself.
@@ -148,6 +161,9 @@ func New(nc *nats.Conn, cfg Config, log *slog.Logger) (*Bus, error) {
 	if err != nil {
 		return nil, fmt.Errorf("events: jetstream: %w", err)
 	}
+	if cfg.Replicas < 1 || cfg.Replicas > MaxReplicas {
+		return nil, fmt.Errorf("events: %d stream replicas: want 1 to %d", cfg.Replicas, MaxReplicas)
+	}
 	if cfg.Namespace != "" {
 		if _, err := Key(cfg.Namespace, "x"); err != nil {
 			return nil, fmt.Errorf("events: pipeline namespace: %w", err)
@@ -207,8 +223,11 @@ func (b *Bus) StreamConfigs() []jetstream.StreamConfig {
 }
 
 // EnsureStreams creates every stream that is missing and updates those
-// whose settings differ from StreamConfigs. A stream already as wanted is
-// left untouched, so many processes may call it at once.
+// whose settings differ from StreamConfigs, including their replica count
+// (JetStream adds or removes replicas, and the consumers' with them). A
+// stream already as wanted is left untouched, so many processes may call
+// it at once. When NATS refuses the replica count the error wraps
+// ErrReplicas and says why in words.
 func (b *Bus) EnsureStreams(ctx context.Context) error {
 	for _, want := range b.StreamConfigs() {
 		if err := b.ensureStream(ctx, want); err != nil {
@@ -226,9 +245,9 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 			return nil // another process won the race
 		}
 		if err != nil {
-			return fmt.Errorf("events: create stream %s: %w", want.Name, err)
+			return fmt.Errorf("events: create stream %s: %w", want.Name, replicasErr(err, want.Replicas, 0))
 		}
-		b.log.Info("stream created", "stream", want.Name)
+		b.log.Info("stream created", "stream", want.Name, "replicas", want.Replicas)
 		return nil
 	}
 	if err != nil {
@@ -239,10 +258,48 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 		return nil
 	}
 	if _, err := b.JS.UpdateStream(ctx, want); err != nil {
-		return fmt.Errorf("events: update stream %s: %w", want.Name, err)
+		return fmt.Errorf("events: update stream %s: %w", want.Name, replicasErr(err, want.Replicas, have.Replicas))
 	}
-	b.log.Info("stream updated", "stream", want.Name)
+	if have.Replicas != want.Replicas {
+		b.log.Info("stream updated", "stream", want.Name, "replicas_from", have.Replicas, "replicas", want.Replicas)
+	} else {
+		b.log.Info("stream updated", "stream", want.Name)
+	}
 	return nil
+}
+
+// JetStream API error codes of a replica count the servers cannot place.
+const (
+	jsErrNoPeers               = 10005 // "no suitable peers for placement"
+	jsErrInsufficientResources = 10023
+	jsErrReplicasNotUpdatable  = 10061
+	jsErrReplicasNotSupported  = 10074 // "replicas > 1 not supported in non-clustered mode"
+)
+
+// replicasErr returns err as is unless NATS refused a stream of want
+// replicas (had: the stream's current count, 0 when creating), in which
+// case it wraps ErrReplicas and err with an explanation.
+func replicasErr(err error, want, had int) error {
+	var api *jetstream.APIError
+	if !errors.As(err, &api) {
+		return err
+	}
+	change := fmt.Sprintf("%d replicas", want)
+	if had != 0 && had != want {
+		change = fmt.Sprintf("a change from %d to %d replicas", had, want)
+	}
+	switch api.ErrorCode {
+	case jsErrNoPeers, jsErrInsufficientResources:
+		return fmt.Errorf("%w: NATS cannot place %s (%q): the cluster has fewer JetStream servers up than --stream-replicas asks, or they lack storage; lower it or add servers: %w",
+			ErrReplicas, change, api.Description, err)
+	case jsErrReplicasNotSupported:
+		return fmt.Errorf("%w: NATS refuses %s (%q): the server is not part of a JetStream cluster; use --stream-replicas 1: %w",
+			ErrReplicas, change, api.Description, err)
+	case jsErrReplicasNotUpdatable:
+		return fmt.Errorf("%w: NATS refuses %s (%q): re-create the stream or keep its replica count: %w",
+			ErrReplicas, change, api.Description, err)
+	}
+	return err
 }
 
 // streamSame compares the settings matbus sets; the server reports unset
