@@ -153,6 +153,12 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		cfg, err := k.restConfig()
 		if err != nil {
 			if o.leaderElect && o.isStatic() {
+				// A kubeconfig that was given but cannot be read is a file
+				// error (exit 1), not a usage error: only a missing
+				// configuration is the flags' fault.
+				if k.kubeconfig != "" {
+					return fmt.Errorf("%v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", err)
+				}
 				return fmt.Errorf("%w: %v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", errUsage, err)
 			}
 			return err
