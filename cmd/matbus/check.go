@@ -66,6 +66,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 	var l logOpts
 	var timeout time.Duration
 	c.n.register(fs)
+	c.n.registerTLS(fs)
 	l.register(fs)
 	c.k.register(fs)
 	c.w.register(fs)
@@ -123,7 +124,12 @@ func (c *checker) checkNATS(ctx context.Context) {
 	if c.n.creds != "" {
 		opts = append(opts, nats.UserCredentials(c.n.creds))
 	}
-	nc, err := nats.Connect(c.n.url, opts...)
+	tlsOpts, err := c.n.tlsOptions()
+	if err != nil {
+		c.add("NATS", checkFail, "%s: %v", url, err)
+		return
+	}
+	nc, err := nats.Connect(c.n.url, append(opts, tlsOpts...)...)
 	if err != nil {
 		c.add("NATS", checkFail, "%s: %v", url, err)
 		return

@@ -34,6 +34,9 @@ func TestCLIHelpAndErrors(t *testing.T) {
 		{[]string{"discovery", "--leader-elect=maybe"}, nil, `matbus discovery: --leader-elect "maybe": want true or false`},
 		{[]string{"worker", "--kube-qps", "fast"}, nil, `--kube-qps "fast": want a number`},
 		{[]string{"worker", "--jobs"}, nil, "flag --jobs needs a value"},
+		{[]string{"worker", "--stream-replicas", "7"}, nil, "--stream-replicas 7: want 1 to 5"},
+		{[]string{"discovery"}, map[string]string{"MATBUS_STREAM_REPLICAS": "0"}, "--stream-replicas 0: want 1 to 5"},
+		{[]string{"worker", "--nats-tls-cert", "client.pem"}, nil, "--nats-tls-cert and --nats-tls-key go together"},
 		{[]string{"worker"}, map[string]string{"MATBUS_JOBS": "many"}, `environment variable MATBUS_JOBS: --jobs "many": want an integer`},
 		{[]string{"discovery", "--namespace", "Bad_NS", "--static", "a=https://x:1", "--leader-elect=false", "--health-addr", ""}, nil, "--namespace"},
 	} {

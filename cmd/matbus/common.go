@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -29,6 +31,12 @@ import (
 type natsOpts struct {
 	url, creds, prefix string
 	memory             bool
+	// replicas of every stream (--stream-replicas; 0 without
+	// registerReplicas: the events default, 1).
+	replicas     int
+	withReplicas bool
+	// tlsCA, tlsCert and tlsKey are PEM files (--nats-tls-*); empty: none.
+	tlsCA, tlsCert, tlsKey string
 	// namespace is the pipeline's namespace (events.Config.Namespace),
 	// set by the subcommand; empty for readers of every namespace.
 	namespace string
@@ -40,9 +48,30 @@ func (o *natsOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.prefix, "subject-prefix", events.DefaultPrefix, "first token(s) of every matbus subject")
 }
 
+// registerTLS adds the TLS flags of commands that connect to a NATS of the
+// operator's (not dev's embedded server).
+func (o *natsOpts) registerTLS(fs *flag.FlagSet) {
+	fs.StringVar(&o.tlsCA, "nats-tls-ca", "", "PEM file of the CA(s) that signed the NATS servers' certificates (default: the system's roots); setting it turns TLS on")
+	fs.StringVar(&o.tlsCert, "nats-tls-cert", "", "PEM file of the client certificate for NATS servers that verify clients (with --nats-tls-key); re-read at each reconnect")
+	fs.StringVar(&o.tlsKey, "nats-tls-key", "", "PEM file of the private key of --nats-tls-cert")
+}
+
+// registerReplicas adds --stream-replicas to the commands that create the
+// streams (worker, discovery).
+func (o *natsOpts) registerReplicas(fs *flag.FlagSet) {
+	o.withReplicas = true
+	fs.IntVar(&o.replicas, "stream-replicas", 1, fmt.Sprintf("replicas of every matbus stream, 1 to %d; more than 1 needs a JetStream cluster of at least that many servers; existing streams are changed to it (give every worker and discovery the same value)", events.MaxReplicas))
+}
+
 func (o *natsOpts) validate() error {
 	if err := events.ValidatePrefix(o.prefix); err != nil {
 		return fmt.Errorf("%w: --subject-prefix: %v", errUsage, err)
+	}
+	if o.withReplicas && (o.replicas < 1 || o.replicas > events.MaxReplicas) {
+		return fmt.Errorf("%w: --stream-replicas %d: want 1 to %d", errUsage, o.replicas, events.MaxReplicas)
+	}
+	if (o.tlsCert == "") != (o.tlsKey == "") {
+		return fmt.Errorf("%w: --nats-tls-cert and --nats-tls-key go together: set both or neither", errUsage)
 	}
 	for _, u := range strings.Split(o.url, ",") {
 		if !strings.HasPrefix(strings.TrimSpace(u), "nats://") && !strings.HasPrefix(strings.TrimSpace(u), "tls://") {
@@ -52,9 +81,40 @@ func (o *natsOpts) validate() error {
 	return nil
 }
 
+// tlsOptions returns the nats.go options of the --nats-tls-* flags (none
+// when unset). It reads the files once to fail early with one clear error
+// naming the flag and the file (never their contents); nats.go reads them
+// again at each reconnect, so renewed certificates are picked up.
+func (o *natsOpts) tlsOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	if o.tlsCA != "" {
+		pem, err := os.ReadFile(o.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("--nats-tls-ca: CA file is not readable: %w", err)
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--nats-tls-ca %s: no PEM certificate in the file", o.tlsCA)
+		}
+		opts = append(opts, nats.RootCAs(o.tlsCA))
+	}
+	if o.tlsCert != "" {
+		if _, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey); err != nil {
+			return nil, fmt.Errorf("--nats-tls-cert %s and --nats-tls-key %s are not a usable certificate and key: %w", o.tlsCert, o.tlsKey, err)
+		}
+		opts = append(opts, nats.ClientCert(o.tlsCert, o.tlsKey))
+	}
+	return opts, nil // a tls:// URL alone means TLS with the system's roots (nats.go)
+}
+
 // connect dials NATS and keeps reconnecting forever; name identifies the
-// connection on the server.
+// connection on the server. The URL may list several servers of a cluster
+// (comma separated): nats.go picks one at random and fails over to the
+// others, and learns the rest of the cluster from the server it joins.
 func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
+	tlsOpts, err := o.tlsOptions()
+	if err != nil {
+		return nil, err
+	}
 	var authLog every
 	opts := []nats.Option{
 		nats.Name(name),
@@ -97,6 +157,7 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 	if o.creds != "" {
 		opts = append(opts, nats.UserCredentials(o.creds))
 	}
+	opts = append(opts, tlsOpts...)
 	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", events.StripUserInfo(c.ConnectedUrl())) }))
 	nc, err := nats.Connect(o.url, opts...)
 	if err != nil {
@@ -112,7 +173,7 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 // bus returns the events.Bus of the pipeline in o.namespace; w (may be
 // nil) sets the job consumers' AckWait and MaxDeliver and the namespace.
 func (o *natsOpts) bus(nc *nats.Conn, source string, log *slog.Logger, w *workerOpts) (*events.Bus, error) {
-	cfg := events.Config{Prefix: o.prefix, Source: source, Memory: o.memory, Namespace: o.namespace}
+	cfg := events.Config{Prefix: o.prefix, Source: source, Memory: o.memory, Namespace: o.namespace, Replicas: o.replicas}
 	if w != nil {
 		cfg.AckWait, cfg.MaxDeliver, cfg.Namespace = w.ackWait, w.maxDeliver, w.namespace
 	}

@@ -131,6 +131,8 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	var o discoveryOpts
 	var namespace, healthAddr string
 	n.register(fs)
+	n.registerTLS(fs)
+	n.registerReplicas(fs)
 	l.register(fs)
 	k.register(fs)
 	o.register(fs)

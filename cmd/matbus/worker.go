@@ -160,6 +160,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	var o workerOpts
 	var healthAddr string
 	n.register(fs)
+	n.registerTLS(fs)
+	n.registerReplicas(fs)
 	l.register(fs)
 	k.register(fs)
 	o.register(fs)
