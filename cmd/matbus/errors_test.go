@@ -1,14 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/kubelocal"
 	"github.com/matbus/matbus/matsim"
 )
 
@@ -75,4 +80,64 @@ func TestProbe(t *testing.T) {
 	if code, _, _ := runArgs(t, nil, "probe", "--url", "http://127.0.0.1:1/", "--timeout", "1s"); code != 1 {
 		t.Fatalf("probe of a closed port: exit %d", code)
 	}
+}
+
+// TestErrorsHealth: with --health-addr, /readyz of `errors` (its compose
+// healthcheck) answers 503 while the error stream is missing and 200 once
+// the tail reads it.
+func TestErrorsHealth(t *testing.T) {
+	s, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Shutdown()
+	port, err := kubelocal.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int)
+	var o, e bytes.Buffer
+	go func() {
+		done <- run(ctx, []string{"errors", "--nats-url", s.ClientURL(), "--health-addr", addr}, envT(&o, &e, nil))
+	}()
+	defer func() {
+		cancel()
+		if code := <-done; code != 0 {
+			t.Errorf("errors exited %d", code)
+		}
+	}()
+	status := func() int {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	wait := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for status() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("/readyz never answered %d", want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	wait(http.StatusServiceUnavailable) // no stream yet
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	bus, err := events.New(nc, events.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wait(http.StatusOK)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,12 +21,14 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	var since time.Duration
 	var kinds listFlag
 	var asJSON, follow bool
+	var healthAddr string
 	n.register(fs)
 	n.registerTLS(fs)
 	fs.DurationVar(&since, "since", 0, "also print events of this long ago (e.g. 1h); 0 prints only new ones")
 	fs.Var(&kinds, "kind", "only these kinds (delete, fetch, create, update, close, event, discovery, plan); repeatable")
 	fs.BoolVar(&asJSON, "json", false, "print each event as its JSON envelope")
 	fs.BoolVar(&follow, "follow", true, "keep printing new events; false exits after the backlog")
+	fs.StringVar(&healthAddr, "health-addr", "", "address of /healthz and /readyz (ready while connected to NATS and reading the error stream), e.g. :8080 for a container healthcheck; empty disables")
 	if err := parseWithEnv(fs, args, e.getenv); err != nil {
 		return usageErr(err)
 	}
@@ -63,6 +66,16 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	var reading atomic.Bool
+	ready := readiness{natsCheck(nc), {name: "error stream", check: func() error {
+		if !reading.Load() {
+			return errors.New("not reading yet (waiting for the stream)")
+		}
+		return nil
+	}}}
+	if err := serveHealth(ctx, healthAddr, ready.err, nil, log); err != nil {
+		return err
+	}
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy}
 	if since > 0 {
 		start := time.Now().Add(-since)
@@ -94,6 +107,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("read error events: %w", err)
 	}
 	defer it.Stop()
+	reading.Store(true)
 	printed := 0
 	for {
 		nctx := ctx
