@@ -286,6 +286,12 @@ type natsProc struct {
 	port  int
 	n     int
 	p     *proc
+	// server is the server name (default "faulttest"); extra are more
+	// command-line arguments (a cluster node's routes); monitor is the
+	// HTTP monitoring port (0: none).
+	server  string
+	extra   []string
+	monitor int
 }
 
 func startNATS(t *testing.T, dir string) *natsProc {
@@ -301,10 +307,32 @@ func (n *natsProc) URL() string { return "nats://127.0.0.1:" + strconv.Itoa(n.po
 // Start starts the server (again) and waits until JetStream answers.
 func (n *natsProc) Start() {
 	n.t.Helper()
+	n.launch()
+	n.waitJetStream(20 * time.Second)
+}
+
+// launch starts the process without waiting.
+func (n *natsProc) launch() {
+	n.t.Helper()
 	n.n++
-	n.p = startProc(n.t, n.dir, fmt.Sprintf("nats-server-%d", n.n), natsBin,
-		"-js", "-sd", n.store, "-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "--server_name", "faulttest")
-	deadline := time.Now().Add(20 * time.Second)
+	name, log := n.server, "nats-server"
+	if name == "" {
+		name = "faulttest"
+	} else {
+		log = "nats-" + name
+	}
+	args := []string{"-js", "-sd", n.store, "-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "--server_name", name}
+	if n.monitor != 0 {
+		args = append(args, "-m", strconv.Itoa(n.monitor))
+	}
+	n.p = startProc(n.t, n.dir, fmt.Sprintf("%s-%d", log, n.n), natsBin, append(args, n.extra...)...)
+}
+
+// waitJetStream waits up to timeout until the server answers JetStream
+// requests (in a cluster: once it knows the meta leader).
+func (n *natsProc) waitJetStream(timeout time.Duration) {
+	n.t.Helper()
+	deadline := time.Now().Add(timeout)
 	for {
 		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second))
 		if err == nil {

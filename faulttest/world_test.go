@@ -50,10 +50,14 @@ type world struct {
 	ns   string
 	dir  string
 	nats *natsProc
-	nc   *nats.Conn
-	bus  *events.Bus
-	errs *errSink
-	log  *slog.Logger
+	// cluster, when set, replaces nats: a JetStream cluster whose streams
+	// have replicas replicas (newClusterWorld).
+	cluster  *natsCluster
+	replicas int
+	nc       *nats.Conn
+	bus      *events.Bus
+	errs     *errSink
+	log      *slog.Logger
 
 	mu    sync.Mutex
 	stops []func()
@@ -62,6 +66,19 @@ type world struct {
 }
 
 func newWorld(t *testing.T) *world {
+	t.Helper()
+	return newWorldOn(t, 0)
+}
+
+// newClusterWorld is newWorld on a JetStream cluster of n nats-server
+// processes, every stream with n replicas.
+func newClusterWorld(t *testing.T, n int) *world {
+	t.Helper()
+	return newWorldOn(t, n)
+}
+
+// newWorldOn starts a world on one nats-server (nodes 0) or a cluster.
+func newWorldOn(t *testing.T, nodes int) *world {
 	t.Helper()
 	requireSetup(t)
 	leak := append(testenv.LeakOptions(), goleak.IgnoreCurrent())
@@ -96,18 +113,25 @@ func newWorld(t *testing.T) *world {
 		if w.nats != nil {
 			w.nats.stop()
 		}
+		if w.cluster != nil {
+			w.cluster.stop()
+		}
 		cancel()
 		w.deleteNamespace()
 		goleak.VerifyNone(t, leak...)
 	})
-	w.nats = startNATS(t, w.dir)
+	if nodes > 0 {
+		w.cluster, w.replicas = startNATSCluster(t, w.dir, nodes), nodes
+	} else {
+		w.nats = startNATS(t, w.dir)
+	}
 	var err error
-	w.nc, err = nats.Connect(w.nats.URL(), nats.Name("faulttest"), nats.MaxReconnects(-1),
+	w.nc, err = nats.Connect(w.natsURL(), nats.Name("faulttest"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.bus, err = events.New(w.nc, events.Config{Source: "faulttest"}, w.log)
+	w.bus, err = events.New(w.nc, events.Config{Source: "faulttest", Replicas: w.replicas}, w.log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,6 +143,24 @@ func newWorld(t *testing.T) *world {
 		t.Fatal(err)
 	}
 	return w
+}
+
+// natsURL is what matbus processes get as --nats-url: the server's URL,
+// or the cluster's URLs comma separated.
+func (w *world) natsURL() string {
+	if w.cluster != nil {
+		return w.cluster.URL()
+	}
+	return w.nats.URL()
+}
+
+// natsArgs are the NATS flags of every matbus process of the world.
+func (w *world) natsArgs() []string {
+	args := []string{"--nats-url", w.natsURL()}
+	if w.replicas > 1 {
+		args = append(args, "--stream-replicas", strconv.Itoa(w.replicas))
+	}
+	return args
 }
 
 // deleteNamespace deletes every Service of the namespace (no
@@ -179,14 +221,13 @@ func (w *world) key(name string) string { return w.ns + "." + name }
 // workerArgs are the flags every test worker gets; extra ones follow and
 // win (the flag package keeps the last value).
 func (w *world) workerArgs(name, health string) []string {
-	return []string{"worker",
-		"--nats-url", w.nats.URL(), "--kubeconfig", cluster.Kubeconfig, "--namespace", w.ns,
+	return append([]string{"worker", "--kubeconfig", cluster.Kubeconfig, "--namespace", w.ns,
 		"--worker-name", name, "--health-addr", health,
 		"--ack-wait", ackWait.String(), "--shutdown-grace", shutdownGrace.String(),
 		"--service-cidr", cluster.ServiceCIDR, "--error-window", errorWindow.String(),
 		"--kube-qps", "200", "--kube-burst", "400", "--mat-timeout", "5s",
 		"--enable-state-annotations", // power state changes are the updates some tests wait for
-	}
+	}, w.natsArgs()...)
 }
 
 // startWorker starts a `matbus worker` process and waits until it is ready.
@@ -227,13 +268,12 @@ func (w *world) waitReady(p *proc) {
 func (w *world) startDiscovery(ident string, extra ...string) *proc {
 	w.t.Helper()
 	health := "127.0.0.1:" + strconv.Itoa(freePort(w.t))
-	args := []string{"discovery",
-		"--nats-url", w.nats.URL(), "--kubeconfig", cluster.Kubeconfig, "--namespace", w.ns,
+	args := append([]string{"discovery", "--kubeconfig", cluster.Kubeconfig, "--namespace", w.ns,
 		"--identity", ident, "--health-addr", health, "--mat-scheme", "http",
 		"--sync-interval", syncInterval.String(), "--leader-elect",
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
 		"--source-list-addr", "", // several discovery processes share this host
-	}
+	}, w.natsArgs()...)
 	p := startProc(w.t, w.dir, ident, matbusBin, append(args, extra...)...)
 	p.health = health
 	w.addProc(p)
@@ -263,12 +303,12 @@ func (w *world) startStaticDiscovery(insts ...*instance) *staticDiscovery {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	nc, err := nats.Connect(w.nats.URL(), nats.Name("faulttest-discovery"), nats.MaxReconnects(-1),
+	nc, err := nats.Connect(w.natsURL(), nats.Name("faulttest-discovery"), nats.MaxReconnects(-1),
 		nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	bus, err := events.New(nc, events.Config{Source: "discovery/faulttest"}, w.log)
+	bus, err := events.New(nc, events.Config{Source: "discovery/faulttest", Replicas: w.replicas}, w.log)
 	if err != nil {
 		w.t.Fatal(err)
 	}
