@@ -64,8 +64,19 @@ func service(t *testing.T, p *types.Project, name string) types.ServiceConfig {
 	return s
 }
 
+// matbusImage is the image that compose builds from deploy/Dockerfile (the
+// matbus-image service); "" when none builds.
+func matbusImage(p *types.Project) string {
+	if s, ok := p.Services["matbus-image"]; ok && s.Build != nil {
+		return s.Image
+	}
+	return ""
+}
+
 // isMatbus tells the services that run the image built from deploy/Dockerfile.
-func isMatbus(s types.ServiceConfig) bool { return s.Build != nil }
+func isMatbus(p *types.Project, s types.ServiceConfig) bool {
+	return s.Image != "" && s.Image == matbusImage(p)
+}
 
 // flagValue returns the value of --name in args (--name=v or --name v).
 func flagValue(args []string, name string) (string, bool) {
@@ -115,7 +126,7 @@ func TestComposeServices(t *testing.T) {
 		names = append(names, n)
 	}
 	slices.Sort(names)
-	want := []string{"discovery", "errors", "etcd", "kube-apiserver", "kube-apiserver-ready", "matsim-a", "matsim-b", "nats", "worker"}
+	want := []string{"discovery", "errors", "etcd", "kube-apiserver", "kube-apiserver-ready", "matbus-image", "matsim-a", "matsim-b", "nats", "worker"}
 	if !slices.Equal(names, want) {
 		t.Fatalf("services %v, want %v", names, want)
 	}
@@ -148,7 +159,7 @@ func TestComposeMatbusFlagsExist(t *testing.T) {
 	p := loadCompose(t)
 	n := 0
 	for _, s := range p.Services {
-		if !isMatbus(s) {
+		if !isMatbus(p, s) {
 			continue
 		}
 		n++
@@ -160,6 +171,9 @@ func TestComposeMatbusFlagsExist(t *testing.T) {
 			continue
 		}
 		sub := s.Command[0]
+		if len(s.Command) == 1 && len(s.Environment) == 0 {
+			continue // e.g. matbus-image's `version`: nothing to look up
+		}
 		checkArgs(t, "compose service "+s.Name, sub, s.Command[1:])
 		var env []string
 		for k := range s.Environment {
@@ -167,43 +181,109 @@ func TestComposeMatbusFlagsExist(t *testing.T) {
 		}
 		checkEnv(t, "compose service "+s.Name, sub, env)
 	}
-	if n < 5 {
-		t.Errorf("only %d services run matbus; want matsim-a, matsim-b, discovery, worker and errors", n)
+	if n < 6 {
+		t.Errorf("only %d services run matbus; want matbus-image, matsim-a, matsim-b, discovery, worker and errors", n)
 	}
 }
 
-// TestComposeImagesFromDockerfile: every image compose builds comes from
-// deploy/Dockerfile, and every service on the matbus image builds it.
+// TestComposeImagesFromDockerfile: one service (matbus-image) builds the
+// matbus image from deploy/Dockerfile, once; every other service on that
+// image never pulls it and starts after the build; no other image is built.
 func TestComposeImagesFromDockerfile(t *testing.T) {
 	p := loadCompose(t)
 	df := parseDockerfile(t)
-	var image string
+	image := matbusImage(p)
+	if image == "" {
+		t.Fatal("no matbus-image service builds the matbus image")
+	}
+	users := 0
 	for _, s := range p.Services {
-		if s.Build == nil {
-			if strings.HasPrefix(s.Image, "matbus") || s.Image == "" {
-				t.Errorf("%s uses image %q without building it from deploy/Dockerfile", s.Name, s.Image)
+		if s.Build != nil {
+			if s.Name != "matbus-image" {
+				t.Errorf("%s builds an image; only matbus-image builds (once for every service)", s.Name)
+				continue
+			}
+			if s.Build.Context != root {
+				t.Errorf("%s: build context %s, want the repository root", s.Name, s.Build.Context)
+			}
+			if s.Build.DockerfileInline != "" || filepath.Clean(s.Build.Dockerfile) != filepath.Join("deploy", "Dockerfile") && s.Build.Dockerfile != filepath.Join(root, "deploy", "Dockerfile") {
+				t.Errorf("%s: builds from %q, want deploy/Dockerfile", s.Name, s.Build.Dockerfile)
+			}
+			for arg := range s.Build.Args {
+				if !slices.Contains(df.args, arg) {
+					t.Errorf("%s: build arg %s is not an ARG of deploy/Dockerfile", s.Name, arg)
+				}
+			}
+			if s.Restart != "no" {
+				t.Errorf("matbus-image is a one-shot; restart %q", s.Restart)
 			}
 			continue
 		}
-		if s.Build.Context != root {
-			t.Errorf("%s: build context %s, want the repository root", s.Name, s.Build.Context)
+		if strings.HasPrefix(s.Image, "matbus") && s.Image != image || s.Image == "" {
+			t.Errorf("%s uses image %q, want the one matbus image %q", s.Name, s.Image, image)
 		}
-		if s.Build.DockerfileInline != "" || filepath.Clean(s.Build.Dockerfile) != filepath.Join("deploy", "Dockerfile") && s.Build.Dockerfile != filepath.Join(root, "deploy", "Dockerfile") {
-			t.Errorf("%s: builds from %q, want deploy/Dockerfile", s.Name, s.Build.Dockerfile)
+		if s.Image != image {
+			continue
 		}
-		for arg := range s.Build.Args {
-			if !slices.Contains(df.args, arg) {
-				t.Errorf("%s: build arg %s is not an ARG of deploy/Dockerfile", s.Name, arg)
-			}
+		users++
+		if s.PullPolicy != types.PullPolicyNever {
+			t.Errorf("%s: pull_policy %q; the matbus image is built by matbus-image, never pulled", s.Name, s.PullPolicy)
 		}
-		if image == "" {
-			image = s.Image
-		} else if s.Image != image {
-			t.Errorf("%s: image %q, want the one matbus image %q", s.Name, s.Image, image)
+		if got := s.DependsOn["matbus-image"].Condition; got != types.ServiceConditionCompletedSuccessfully {
+			t.Errorf("%s starts before the matbus image is built (depends_on matbus-image: %q)", s.Name, got)
 		}
 	}
-	if image == "" {
-		t.Fatal("compose builds no image")
+	if users < 5 {
+		t.Errorf("%d services run the matbus image; want matsim-a, matsim-b, discovery, worker and errors", users)
+	}
+}
+
+// TestComposeHealthchecks: every long-running matbus service has a
+// healthcheck (`matbus probe` on its readiness endpoint), so `docker compose
+// up --wait` fails on a crash loop; the probed port is the one the process
+// serves.
+func TestComposeHealthchecks(t *testing.T) {
+	p := loadCompose(t)
+	for _, s := range p.Services {
+		if !isMatbus(p, s) || s.Name == "matbus-image" {
+			continue
+		}
+		if s.HealthCheck == nil || len(s.HealthCheck.Test) < 2 || s.HealthCheck.Disable {
+			t.Errorf("%s has no healthcheck", s.Name)
+			continue
+		}
+		test := s.HealthCheck.Test
+		if test[0] != "CMD" || test[1] != "/usr/local/bin/matbus" || len(test) < 3 || test[2] != "probe" {
+			t.Errorf("%s: healthcheck %v, want `matbus probe` (the image has no shell or curl)", s.Name, test)
+			continue
+		}
+		checkArgs(t, "healthcheck of "+s.Name, "probe", test[3:])
+		u, ok := flagValue(test[3:], "url")
+		if !ok {
+			t.Errorf("%s: healthcheck without --url", s.Name)
+			continue
+		}
+		pu, err := url.Parse(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub := s.Command[0]
+		addr := ":8080" // the default --health-addr of discovery and worker
+		if sub == "matsim" {
+			addr = mustFlag(t, s.Name, s.Command, "listen")
+		} else if v, ok := flagValue(s.Command, "health-addr"); ok {
+			addr = v
+		} else if sub == "errors" {
+			t.Errorf("%s: errors serves no health endpoint without --health-addr", s.Name)
+			continue
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		if pu.Port() != port {
+			t.Errorf("%s: healthcheck probes port %s, the process serves %s", s.Name, pu.Port(), port)
+		}
+		if sub != "matsim" && pu.Path != "/readyz" {
+			t.Errorf("%s: healthcheck probes %s, want /readyz (healthy = working, not only alive)", s.Name, pu.Path)
+		}
 	}
 }
 
@@ -410,7 +490,7 @@ func TestComposeWiring(t *testing.T) {
 
 	// NATS URL of every matbus service.
 	for _, s := range p.Services {
-		if !isMatbus(s) || s.Command[0] == "matsim" {
+		if !isMatbus(p, s) || s.Command[0] == "matsim" || s.Name == "matbus-image" {
 			continue
 		}
 		v := s.Environment["MATBUS_NATS_URL"]
@@ -699,6 +779,11 @@ func TestComposeUpWithoutDocker(t *testing.T) {
 			local[net.JoinHostPort(lhost, lport)] = addrs[name+":"+lport]
 		}
 		args := localizeFiles(t, s, s.Command, local)
+		for i := 1; i < len(args); i++ { // one host for every container here
+			if args[i-1] == "--health-addr" {
+				args[i] = "127.0.0.1:0"
+			}
+		}
 		for i := 0; i < max(1, s.GetScale()); i++ { // deploy.replicas
 			env := []string{"HOME=" + t.TempDir()}
 			for k, v := range s.Environment {
@@ -706,7 +791,7 @@ func TestComposeUpWithoutDocker(t *testing.T) {
 					env = append(env, k+"="+localizeFiles(t, s, []string{*v}, local)[0])
 				}
 			}
-			if s.Command[0] == "worker" || s.Command[0] == "discovery" {
+			if s.Command[0] == "worker" || s.Command[0] == "discovery" || s.Command[0] == "errors" {
 				env = append(env, "MATBUS_HEALTH_ADDR=127.0.0.1:0")
 			}
 			if s.Command[0] == "discovery" { // one host for every container here
