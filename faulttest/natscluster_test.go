@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/matbus/matbus/events"
 )
 
 // natsCluster is a JetStream cluster of nats-server processes routed to
@@ -122,8 +124,8 @@ func (w *world) streamCluster(role string) (*jetstream.ClusterInfo, error) {
 	return info.Cluster, nil
 }
 
-// allCurrent reports whether every stream of the world has replicas
-// peers, all current, and a leader; desc says what is missing.
+// allCurrent reports whether every stream and job consumer of the world
+// has replicas peers, all current, and a leader; desc says what is missing.
 func (w *world) allCurrent() (bool, string) {
 	for _, role := range []string{"INSTANCES", "SYNC", "DELETE", "ERRORS"} {
 		ci, err := w.streamCluster(role)
@@ -136,6 +138,20 @@ func (w *world) allCurrent() (bool, string) {
 		for _, r := range ci.Replicas {
 			if !r.Current || r.Offline {
 				return false, fmt.Sprintf("%s: follower %s current=%v offline=%v lag=%d", role, r.Name, r.Current, r.Offline, r.Lag)
+			}
+		}
+	}
+	for _, c := range [][2]string{{"SYNC", events.SyncConsumer}, {"DELETE", events.DeleteConsumer}} {
+		ci, err := w.consumerInfo(c[0], c[1])
+		if err != nil {
+			return false, err.Error()
+		}
+		if ci.Cluster == nil || ci.Cluster.Leader == "" || len(ci.Cluster.Replicas) != w.replicas-1 {
+			return false, fmt.Sprintf("consumer %s: %+v", c[1], ci.Cluster)
+		}
+		for _, r := range ci.Cluster.Replicas {
+			if !r.Current || r.Offline {
+				return false, fmt.Sprintf("consumer %s: follower %s current=%v offline=%v", c[1], r.Name, r.Current, r.Offline)
 			}
 		}
 	}
