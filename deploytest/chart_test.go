@@ -88,6 +88,7 @@ func TestChartValueErrors(t *testing.T) {
 		{"serviceAccount.create=false", "serviceAccount.name is required"},
 		{"metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true", "exclusive"},
 		{"metrics.serviceMonitor.enabled=true,metrics.service.enabled=false", "needs metrics.service.enabled"},
+		{"nats.tls.enabled=true", "nats.tls.secretName is required"},
 	} {
 		cmd := []string{"template", "matbus", chartDir, "--set", tc.set}
 		out, err := helmErr(t, cmd...)
@@ -366,6 +367,7 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		"common.logFormat=xml", "common.logLevel=loud", "common.healthPort=70000", "worker.jobs=0",
 		"nats.url=http://nats:4222", "nats.subjectPrefix=a..b", "image.digest=latest", "discovery.podAntiAffinity=always",
 		"metrics.serviceMonitor.interval=30", "networkPolicy.egress.natsPort=0",
+		"nats.streamReplicas=0", "nats.streamReplicas=6", "nats.tls.enabled=yes",
 	} {
 		key, _, _ := strings.Cut(set, "=")
 		want := "/" + strings.ReplaceAll(key, ".", "/")
@@ -508,5 +510,61 @@ func TestChartMonitoring(t *testing.T) {
 	}
 	if cm.GetLabels()["grafana_dashboard"] != "1" {
 		t.Errorf("dashboard ConfigMap labels %v lack the sidecar's grafana_dashboard=1", cm.GetLabels())
+	}
+}
+
+// TestChartNATSClusterAndTLS: nats.streamReplicas reaches both containers
+// as MATBUS_STREAM_REPLICAS; with nats.tls the Secret's CA, certificate and
+// key are mounted and named by MATBUS_NATS_TLS_*; without a caKey the CA
+// is left to the system roots, without clientCert no certificate is sent.
+func TestChartNATSClusterAndTLS(t *testing.T) {
+	envOf := func(c containerInfo) map[string]string {
+		out := map[string]string{}
+		for _, e := range c.env {
+			out[fmt.Sprint(e["name"])] = fmt.Sprint(e["value"])
+		}
+		return out
+	}
+	const dir = "/etc/matbus/nats-tls/"
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		replicas string
+		tls      map[string]string // env var → value; nil: no TLS at all
+	}{
+		{"default", nil, "1", nil},
+		{"all-features", []string{"-f", chartDir + "/ci/all-features-values.yaml"}, "3",
+			map[string]string{"MATBUS_NATS_TLS_CA": dir + "ca.crt", "MATBUS_NATS_TLS_CERT": dir + "tls.crt", "MATBUS_NATS_TLS_KEY": dir + "tls.key"}},
+		{"system roots, no client certificate", []string{"--set", "nats.tls.enabled=true,nats.tls.secretName=s,nats.tls.caKey=,nats.tls.clientCert=false"}, "1",
+			map[string]string{}},
+	} {
+		for _, dep := range []string{"-discovery", "-worker"} {
+			d := find(t, render(t, "matbus", tc.args...), "Deployment", dep)
+			env := envOf(container(t, d))
+			if env["MATBUS_STREAM_REPLICAS"] != tc.replicas {
+				t.Errorf("%s %s: MATBUS_STREAM_REPLICAS %q, want %q", tc.name, dep, env["MATBUS_STREAM_REPLICAS"], tc.replicas)
+			}
+			for _, k := range []string{"MATBUS_NATS_TLS_CA", "MATBUS_NATS_TLS_CERT", "MATBUS_NATS_TLS_KEY"} {
+				if want, ok := tc.tls[k]; env[k] != want || (!ok && env[k] != "") {
+					t.Errorf("%s %s: %s=%q, want %q", tc.name, dep, k, env[k], want)
+				}
+			}
+			vols, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "volumes")
+			found := false
+			for _, v := range vols {
+				vm := v.(map[string]any)
+				if vm["name"] != "nats-tls" {
+					continue
+				}
+				found = true
+				items, _, _ := unstructured.NestedSlice(vm, "secret", "items")
+				if n, _, _ := unstructured.NestedString(vm, "secret", "secretName"); n == "" || len(items) != len(tc.tls) {
+					t.Errorf("%s %s: nats-tls volume from Secret %q with %d items, want %d", tc.name, dep, n, len(items), len(tc.tls))
+				}
+			}
+			if found != (tc.tls != nil) {
+				t.Errorf("%s %s: nats-tls volume present=%v, want %v", tc.name, dep, found, tc.tls != nil)
+			}
+		}
 	}
 }

@@ -95,6 +95,22 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ include "matbus.targetNamespace" . | quote }}
 - name: MATBUS_SUBJECT_PREFIX
   value: {{ .Values.nats.subjectPrefix | quote }}
+- name: MATBUS_STREAM_REPLICAS
+  value: {{ .Values.nats.streamReplicas | quote }}
+{{- with .Values.nats.tls }}
+{{- if .enabled }}
+{{- if .caKey }}
+- name: MATBUS_NATS_TLS_CA
+  value: /etc/matbus/nats-tls/{{ .caKey }}
+{{- end }}
+{{- if .clientCert }}
+- name: MATBUS_NATS_TLS_CERT
+  value: /etc/matbus/nats-tls/{{ .certKey }}
+- name: MATBUS_NATS_TLS_KEY
+  value: /etc/matbus/nats-tls/{{ .keyKey }}
+{{- end }}
+{{- end }}
+{{- end }}
 - name: LOG_LEVEL
   value: {{ .Values.common.logLevel | quote }}
 - name: MATBUS_LOG_FORMAT
@@ -107,7 +123,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ printf ":%v" .Values.common.healthPort | quote }}
 {{- end }}
 
-{{/* Volumes and mounts of the NATS credentials, when there are any. */}}
+{{/* Volumes and mounts of the NATS credentials and TLS files, when there are any. */}}
 {{- define "matbus.natsVolumes" -}}
 {{- if include "matbus.natsHasCredentials" . }}
 - name: nats-credentials
@@ -118,12 +134,36 @@ app.kubernetes.io/instance: {{ .Release.Name }}
       - key: {{ .Values.nats.credentialsKey }}
         path: {{ .Values.nats.credentialsKey }}
 {{- end }}
+{{- with .Values.nats.tls }}
+{{- if .enabled }}
+- name: nats-tls
+  secret:
+    secretName: {{ required "nats.tls.secretName is required when nats.tls.enabled is true" .secretName }}
+    defaultMode: 0440
+    items:
+      {{- if .caKey }}
+      - key: {{ .caKey }}
+        path: {{ .caKey }}
+      {{- end }}
+      {{- if .clientCert }}
+      - key: {{ .certKey }}
+        path: {{ .certKey }}
+      - key: {{ .keyKey }}
+        path: {{ .keyKey }}
+      {{- end }}
+{{- end }}
+{{- end }}
 {{- end }}
 
 {{- define "matbus.natsVolumeMounts" -}}
 {{- if include "matbus.natsHasCredentials" . }}
 - name: nats-credentials
   mountPath: /etc/matbus/nats
+  readOnly: true
+{{- end }}
+{{- if .Values.nats.tls.enabled }}
+- name: nats-tls
+  mountPath: /etc/matbus/nats-tls
   readOnly: true
 {{- end }}
 {{- end }}
