@@ -168,7 +168,7 @@ func (h *redactHandler) attr(a slog.Attr) slog.Attr {
 
 // flagSecrets returns the secrets that the parsed flags of fs lead to: the
 // password or token in --nats-url, the JWT and seed in the --nats-creds
-// file, the tokens and passwords of the --kubeconfig file (and of the token
+// file, the contents of the --nats-tls-key file, the tokens and passwords of the --kubeconfig file (and of the token
 // files it names) or, without --kubeconfig, the in-cluster service account
 // token. A flag fs lacks, or a file that cannot be read, adds nothing (the
 // command reports an unreadable file when it uses it).
@@ -189,6 +189,27 @@ func flagSecrets(fs *flag.FlagSet) []string {
 	}
 	if v, ok := val("kubeconfig"); ok {
 		out = append(out, kubeSecrets(v)...)
+	}
+	if v, ok := val("nats-tls-key"); ok && v != "" {
+		out = append(out, keySecrets(v)...)
+	}
+	return out
+}
+
+// keySecrets returns the base64 lines of the PEM private key file at path
+// (the --nats-tls-key file), each of which must never be logged; the
+// path itself is no secret.
+func keySecrets(path string) []string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if len(line) >= 16 && !strings.HasPrefix(line, "-----") && !strings.Contains(line, ":") {
+			out = append(out, line)
+		}
 	}
 	return out
 }

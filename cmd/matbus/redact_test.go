@@ -121,22 +121,26 @@ func TestFlagSecrets(t *testing.T) {
 
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	const keyLine = "MHcCAQEEIBkQ3h0bXZ1c2tleWxpbmVvbmVpc2FzZWNyZXQxMjM0NTY3ODkwYWJj"
+	key := filepath.Join(dir, "client-key.pem")
+	writeFile(t, key, "-----BEGIN EC PRIVATE KEY-----\n"+keyLine+"\n-----END EC PRIVATE KEY-----\n")
 	var n natsOpts
 	var k kubeOpts
 	n.register(fs)
+	n.registerTLS(fs)
 	k.register(fs)
 	err := fs.Parse([]string{"--nats-url", "nats://alice:pw%2Fone@h1:4222, nats://tok-two@h2:4222,nats://h3:4222",
-		"--nats-creds", creds, "--kubeconfig", kubeconfig})
+		"--nats-creds", creds, "--kubeconfig", kubeconfig, "--nats-tls-key", key})
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := flagSecrets(fs)
-	for _, want := range []string{"pw%2Fone", "pw/one", "tok-two", jwt, seed, "kube-token-abcdef", "kube-pass-987", "file-token-123456", "oidc-id-token-1"} {
+	for _, want := range []string{"pw%2Fone", "pw/one", "tok-two", jwt, seed, "kube-token-abcdef", "kube-pass-987", "file-token-123456", "oidc-id-token-1", keyLine} {
 		if !slices.Contains(got, want) {
 			t.Errorf("flagSecrets lacks %q: %q", want, got)
 		}
 	}
-	for _, not := range []string{"alice", "bob", "public-id", "h3:4222"} {
+	for _, not := range []string{"alice", "bob", "public-id", "h3:4222", key, "-----BEGIN EC PRIVATE KEY-----"} {
 		if slices.Contains(got, not) {
 			t.Errorf("flagSecrets holds %q, which is no secret", not)
 		}
