@@ -94,11 +94,12 @@ func (c Config) withDefaults() Config {
 // MaxReplicas is the most replicas JetStream keeps of a stream.
 const MaxReplicas = 5
 
-// ErrReplicas is wrapped by EnsureStreams (and so by the errors of
-// whatever calls it) when NATS refuses a stream's replica count: a single
-// server takes only 1, a cluster no more than it has JetStream servers
-// up ("insufficient resources"). It is a configuration error: retrying
-// helps only once servers join.
+// ErrReplicas is wrapped by the error of EnsureStreams (and so of
+// whatever calls it) when NATS refuses the replica count of a stream it
+// creates, and by the error it logs when NATS refuses to change an
+// existing stream's count: a single server takes only 1, a cluster no more
+// than it has JetStream servers up ("insufficient resources"). It is a
+// configuration error: retrying helps only once servers join.
 var ErrReplicas = errors.New("stream replicas refused by NATS")
 
 // The two job consumer roles. With Config.Namespace set, the durable
@@ -128,8 +129,9 @@ type Bus struct {
 	log      *slog.Logger
 
 	mu        sync.Mutex
-	published map[Type]int64 // Publish calls that succeeded, by event type
-	failed    map[Type]int64 // Publish calls that gave up, by event type
+	published map[Type]int64    // Publish calls that succeeded, by event type
+	failed    map[Type]int64    // Publish calls that gave up, by event type
+	refused   map[string]string // stream → the last refused replica change, as logged
 }
 
 // PublishStats returns how many events of each type this Bus published
@@ -173,7 +175,7 @@ func New(nc *nats.Conn, cfg Config, log *slog.Logger) (*Bus, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Bus{JS: js, Subjects: Subjects{Prefix: cfg.Prefix}, cfg: cfg, log: log,
-		published: map[Type]int64{}, failed: map[Type]int64{}}, nil
+		published: map[Type]int64{}, failed: map[Type]int64{}, refused: map[string]string{}}, nil
 }
 
 // Config returns the effective configuration (defaults filled in).
@@ -226,8 +228,11 @@ func (b *Bus) StreamConfigs() []jetstream.StreamConfig {
 // whose settings differ from StreamConfigs, including their replica count
 // (JetStream adds or removes replicas, and the consumers' with them). A
 // stream already as wanted is left untouched, so many processes may call
-// it at once. When NATS refuses the replica count the error wraps
-// ErrReplicas and says why in words.
+// it at once. When NATS refuses the replica count of a new stream the
+// error wraps ErrReplicas and says why in words; when it refuses to change
+// an existing stream's count, the stream keeps the count it has (its other
+// settings are still updated), the refusal is logged at error level once
+// per stream and cause, and the next call tries again.
 func (b *Bus) EnsureStreams(ctx context.Context) error {
 	for _, want := range b.StreamConfigs() {
 		if err := b.ensureStream(ctx, want); err != nil {
@@ -258,14 +263,51 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 		return nil
 	}
 	if _, err := b.JS.UpdateStream(ctx, want); err != nil {
-		return fmt.Errorf("events: update stream %s: %w", want.Name, replicasErr(err, want.Replicas, have.Replicas))
+		err = replicasErr(err, want.Replicas, have.Replicas)
+		if !errors.Is(err, ErrReplicas) || have.Replicas == want.Replicas {
+			return fmt.Errorf("events: update stream %s: %w", want.Name, err)
+		}
+		// The stream works with the replicas it has: keep them, say so
+		// once, and try again at the next call (servers may join).
+		b.refusedOnce(want.Name, err)
+		keep := want
+		keep.Replicas = have.Replicas
+		if streamSame(have, keep) {
+			return nil
+		}
+		if _, err := b.JS.UpdateStream(ctx, keep); err != nil {
+			return fmt.Errorf("events: update stream %s: %w", want.Name, err)
+		}
+		b.log.Info("stream updated", "stream", want.Name, "replicas", have.Replicas)
+		return nil
 	}
+	b.refusedOnce(want.Name, nil)
 	if have.Replicas != want.Replicas {
 		b.log.Info("stream updated", "stream", want.Name, "replicas_from", have.Replicas, "replicas", want.Replicas)
 	} else {
 		b.log.Info("stream updated", "stream", want.Name)
 	}
 	return nil
+}
+
+// refusedOnce logs err (a refused replica change of stream) at error level
+// when it differs from the last one logged for that stream; nil forgets
+// it (the change went through).
+func (b *Bus) refusedOnce(stream string, err error) {
+	b.mu.Lock()
+	last, had := b.refused[stream]
+	if err == nil {
+		delete(b.refused, stream)
+	} else {
+		b.refused[stream] = err.Error()
+	}
+	b.mu.Unlock()
+	if err != nil && last != err.Error() {
+		b.log.Error("stream keeps its replicas: NATS refused the change (retried at the next stream check)", "stream", stream, "error", err)
+	}
+	if err == nil && had {
+		b.log.Info("stream replicas changed after an earlier refusal", "stream", stream)
+	}
 }
 
 // JetStream API error codes of a replica count the servers cannot place.

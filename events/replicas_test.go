@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,24 @@ import (
 
 	"github.com/matbus/matbus/internal/testenv"
 )
+
+// lockedBuf is a log sink safe for concurrent writes.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
 
 // startCluster starts n embedded JetStream servers routed into one
 // cluster on loopback and returns a connection to all of them once the
@@ -120,8 +140,9 @@ func ensure(b *Bus) error {
 
 // TestStreamReplicasOnACluster: on a three-server JetStream cluster the
 // streams start with one replica, are scaled to three (their job
-// consumers with them) and back to one by EnsureStreams; five replicas
-// are refused with ErrReplicas naming the cause.
+// consumers with them) and back to one by EnsureStreams; a change to five
+// replicas is refused, logged once per stream with the cause, and the
+// streams keep three.
 func TestStreamReplicasOnACluster(t *testing.T) {
 	nc := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -176,14 +197,29 @@ func TestStreamReplicasOnACluster(t *testing.T) {
 		t.Fatalf("second EnsureStreams at 3 replicas: %v", err)
 	}
 
-	r5, err := New(nc, Config{Replicas: 5}, nil)
+	// Five replicas on three servers: refused; the streams keep three and
+	// work on, the refusal is logged once per stream.
+	var logged lockedBuf
+	r5, err := New(nc, Config{Replicas: 5, ErrorMaxAge: time.Hour}, slog.New(slog.NewTextHandler(&logged, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = ensure(r5)
-	if !errors.Is(err, ErrReplicas) || !strings.Contains(err.Error(), "from 3 to 5 replicas") ||
-		!strings.Contains(err.Error(), "fewer JetStream servers") {
-		t.Fatalf("5 replicas on 3 servers: got %v, want ErrReplicas saying the cluster is too small", err)
+	for range 2 {
+		if err := ensure(r5); err != nil {
+			t.Fatalf("5 replicas on 3 servers: %v, want the streams kept as they are", err)
+		}
+	}
+	if n := strings.Count(logged.String(), "level=ERROR"); n != 4 ||
+		!strings.Contains(logged.String(), "a change from 3 to 5 replicas") || !strings.Contains(logged.String(), "fewer JetStream servers") {
+		t.Errorf("want one error line per stream naming the cause, got %d:\n%s", n, logged.String())
+	}
+	for name, n := range replicasOf(t, r5) {
+		if n != 3 {
+			t.Errorf("%s: %d replicas after a refused change, want 3", name, n)
+		}
+	}
+	if s, err := r5.JS.Stream(ctx, r5.StreamName("ERRORS")); err != nil || s.CachedInfo().Config.MaxAge != time.Hour {
+		t.Errorf("the error stream's other settings were not updated: %v", err)
 	}
 
 	if err := ensure(r1); err != nil {
@@ -197,7 +233,8 @@ func TestStreamReplicasOnACluster(t *testing.T) {
 }
 
 // TestStreamReplicasOnOneServer: a single server takes no replicated
-// stream; the error says so and wraps ErrReplicas.
+// stream; the error says so and wraps ErrReplicas. Streams that exist
+// keep their one replica.
 func TestStreamReplicasOnOneServer(t *testing.T) {
 	nc := testenv.NATS(t)
 	b, err := New(nc, Config{Replicas: 3}, nil)
@@ -207,6 +244,24 @@ func TestStreamReplicasOnOneServer(t *testing.T) {
 	err = ensure(b)
 	if !errors.Is(err, ErrReplicas) || !strings.Contains(err.Error(), "not part of a JetStream cluster") {
 		t.Fatalf("got %v, want ErrReplicas saying the server is not clustered", err)
+	}
+	r1, err := New(nc, Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ensure(r1); err != nil {
+		t.Fatal(err)
+	}
+	var logged lockedBuf
+	b, err = New(nc, Config{Replicas: 3}, slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ensure(b); err != nil {
+		t.Fatalf("existing streams: %v, want them kept at 1 replica", err)
+	}
+	if !strings.Contains(logged.String(), "use --stream-replicas 1") {
+		t.Errorf("the refusal is not logged:\n%s", logged.String())
 	}
 	for _, n := range []int{-1, 6} {
 		if _, err := New(nc, Config{Replicas: n}, nil); err == nil || !strings.Contains(err.Error(), "want 1 to 5") {
