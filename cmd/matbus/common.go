@@ -249,6 +249,9 @@ func (o *kubeOpts) restConfig() (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if o.kubeconfig != "" {
+		if err := checkReadable("kubeconfig (--kubeconfig, KUBECONFIG)", o.kubeconfig); err != nil {
+			return nil, err
+		}
 		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
 		if err != nil {
 			return nil, fmt.Errorf("kubeconfig %s (--kubeconfig, KUBECONFIG) is not usable: %w", o.kubeconfig, err)

@@ -80,6 +80,7 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{"empty static list", []string{"discovery", "--static", ",", "--static-name", "x", "--leader-elect=false", "--health-addr", ""}, nil, 2, ""},
 		{"bad static url", []string{"discovery", "--static", "a=ftp://x", "--leader-elect=false", "--health-addr", ""}, nil, 2, "scheme"},
 		{"static with election but no cluster", []string{"discovery", "--static", "a=https://x:1", "--health-addr", ""}, nil, 2, "leader-elect=false"},
+		{"static file missing", []string{"discovery", "--static-file", "/nonexistent/instances.yaml", "--leader-elect=false", "--health-addr", ""}, nil, 1, "--static-file /nonexistent/instances.yaml"},
 		{"static with election, kubeconfig missing", []string{"discovery", "--static", "a=https://x:1", "--health-addr", "", "--kubeconfig", "/nonexistent/kubeconfig"}, nil, 1, "/nonexistent/kubeconfig"},
 		{"bad env value", []string{"matsim"}, map[string]string{"MATBUS_HOSTS": "many"}, 2, "MATBUS_HOSTS"},
 		{"bad managed-by", []string{"worker", "--managed-by", "bad value!"}, nil, 2, "managed-by"},
