@@ -132,6 +132,8 @@ type Bus struct {
 	published map[Type]int64    // Publish calls that succeeded, by event type
 	failed    map[Type]int64    // Publish calls that gave up, by event type
 	refused   map[string]string // stream → the last refused replica change, as logged
+
+	instances jetstream.Stream // handle of the instances stream, once looked up (see instancesStream)
 }
 
 // PublishStats returns how many events of each type this Bus published
@@ -544,15 +546,16 @@ func (r InstanceRecord) Present() bool { return r.Type == TypeInstanceAppeared }
 // instance was never announced. A stored message that does not decode is
 // returned as an error wrapping ErrMalformed (or ErrUnknownSchema/ErrUnknownType).
 func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord, found bool, err error) {
-	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	s, err := b.instancesStream(ctx)
 	if err != nil {
-		return rec, false, fmt.Errorf("events: instances stream: %w", err)
+		return rec, false, err
 	}
 	m, err := s.GetLastMsgForSubject(ctx, b.Subjects.Instance(key))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return rec, false, nil
 	}
 	if err != nil {
+		b.forgetInstancesStream(s)
 		return rec, false, fmt.Errorf("events: read instance %s: %w", key, err)
 	}
 	rec, err = decodeInstanceRecord(m.Data)
@@ -561,6 +564,39 @@ func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord,
 	}
 	rec.Seq, rec.Time = m.Sequence, m.Time
 	return rec, err == nil, err
+}
+
+// instancesStream returns the instances stream's handle, looked up (one
+// STREAM.INFO request) on first use and kept: a message read by subject
+// needs only the stream's name, so a delete job costs one JetStream request,
+// not two. Errors: the stream cannot be looked up (not created yet, NATS
+// unreachable).
+func (b *Bus) instancesStream(ctx context.Context) (jetstream.Stream, error) {
+	b.mu.Lock()
+	s := b.instances
+	b.mu.Unlock()
+	if s != nil {
+		return s, nil
+	}
+	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	if err != nil {
+		return nil, fmt.Errorf("events: instances stream: %w", err)
+	}
+	b.mu.Lock()
+	b.instances = s
+	b.mu.Unlock()
+	return s, nil
+}
+
+// forgetInstancesStream drops the kept handle s after a failed read, so the
+// next read looks the stream up again (it may have been re-created with
+// another configuration).
+func (b *Bus) forgetInstancesStream(s jetstream.Stream) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.instances == s {
+		b.instances = nil
+	}
 }
 
 func decodeInstanceRecord(body []byte) (InstanceRecord, error) {
