@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -481,7 +482,7 @@ func (r *recorder) record(req *http.Request, code int) {
 func (r *recorder) result() (map[string]bool, []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.used, slices.Clone(r.forbidden)
+	return maps.Clone(r.used), slices.Clone(r.forbidden)
 }
 
 func (r *recorder) leaseNames() []string {
