@@ -13,8 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/matclient"
@@ -355,19 +353,15 @@ func (w *Worker) owner(ctx context.Context, inst events.Instance, refresh bool) 
 // create that can only fail.
 func (w *Worker) existing(key string, desired []*corev1.Service) ([]*corev1.Service, error) {
 	lister := w.services.Services(w.cfg.Plan.Namespace)
-	mine, err := lister.List(plan.InstanceSelector(w.cfg.Plan, key))
-	if err != nil {
-		return nil, fmt.Errorf("worker: list Services: %w", err)
-	}
-	req, err := labels.NewRequirement(plan.LabelInstance, selection.DoesNotExist, nil)
+	mine, err := w.indexed(plan.LabelValue(key))
 	if err != nil {
 		return nil, err
 	}
-	old, err := lister.List(labels.SelectorFromSet(labels.Set{plan.LabelManagedBy: w.managedBy()}).Add(*req))
+	old, err := w.indexed(noInstanceLabel)
 	if err != nil {
-		return nil, fmt.Errorf("worker: list Services: %w", err)
+		return nil, err
 	}
-	out := append(append([]*corev1.Service{}, mine...), old...)
+	out := append(mine, old...)
 	seen := make(map[string]bool, len(out))
 	for _, s := range out {
 		seen[s.Name] = true

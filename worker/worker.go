@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 
@@ -114,6 +115,7 @@ type Worker struct {
 	log    *slog.Logger
 
 	services corelisters.ServiceLister
+	byInst   cache.Indexer // the informer's store, with the byInstance index
 	ready    atomic.Bool
 
 	applySlots chan struct{} // Jobs
@@ -176,7 +178,10 @@ func (w *Worker) Run(ctx context.Context) error {
 			o.LabelSelector = labels.Set{plan.LabelManagedBy: w.managedBy()}.String()
 		}))
 	inf := factory.Core().V1().Services()
-	w.services = inf.Lister()
+	if err := inf.Informer().AddIndexers(cache.Indexers{byInstance: instanceIndex}); err != nil {
+		return fmt.Errorf("worker: Service index: %w", err)
+	}
+	w.services, w.byInst = inf.Lister(), inf.Informer().GetIndexer()
 	if _, err := inf.Informer().AddEventHandler(w.memo.handler()); err != nil {
 		return fmt.Errorf("worker: Service event handler: %w", err)
 	}
