@@ -6,7 +6,7 @@ export MATBUS_BIN_DIR := $(CURDIR)/.bin
 ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all build tools run test lint unit fuzz fuzz-long bench bench-e2e clean deploy-check faulttest faulttest-long
+.PHONY: all build tools run test lint unit fuzz fuzz-long bench bench-e2e clean deploy-check faulttest faulttest-long compose-e2e
 
 all: build
 
@@ -77,3 +77,11 @@ clean:
 deploy-check: tools
 	$(MATBUS_BIN_DIR)/helm lint --strict deploy/helm/matbus
 	MATBUS_REQUIRE_K8S=1 $(GO) test -count=1 -timeout 10m ./deploytest/...
+
+## compose-e2e: docker-compose.yaml under a real container engine, as root:
+## installs docker.io if missing, builds the Compose plugin from its Go module,
+## starts a private dockerd, builds local stand-ins of the images, runs
+## `up --wait`, scale, stop, restart and `down -v` checks, then stops the
+## engine and restores the host (docs/adr/0011-compose-e2e.md). CI runs it.
+compose-e2e: tools
+	bash hack/compose-e2e.sh

@@ -11,7 +11,8 @@ build_module_tools() { # <dir> <stamp> <builds...>
 	local dir=$1 stamp=$2
 	shift 2
 	local want
-	want=$(sha256sum "$dir/go.mod" "$dir/go.sum" | sha256sum | cut -c1-16)
+	# CGO_ENABLED (when set) is part of the stamp: static builds replace dynamic ones once.
+	want=$({ sha256sum "$dir/go.mod" "$dir/go.sum"; printf '%s' "${CGO_ENABLED:+CGO_ENABLED=$CGO_ENABLED}"; } | sha256sum | cut -c1-16)
 	if [ -f "$bin/$stamp.stamp" ] && [ "$(cat "$bin/$stamp.stamp")" = "$want" ]; then
 		local ok=1
 		for b in "$@"; do [ -x "$bin/${b%%=*}" ] || ok=0; done
@@ -29,8 +30,10 @@ build_module_tools() { # <dir> <stamp> <builds...>
 	echo "$want" >"$bin/$stamp.stamp"
 }
 
-build_module_tools tools/k8s k8s "etcd=./etcd" "kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver"
+# etcd, etcdctl, kube-apiserver and nats-server are static (CGO_ENABLED=0): `make compose-e2e` also
+# copies them into the local stand-ins of the upstream images (hack/compose-e2e.sh).
+CGO_ENABLED=0 build_module_tools tools/k8s k8s "etcd=./etcd" "etcdctl=go.etcd.io/etcd/etcdctl/v3" "kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver"
 # helm (for `make deploy-check`); its default Kubernetes version is set to the API server's (v1.37) for `helm template`/`lint`.
 GOFLAGS="-buildvcs=false -ldflags=-X=helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37" build_module_tools tools/helm helm "helm=helm.sh/helm/v3/cmd/helm"
 # nats-server (a separate process for the fault tests in faulttest/), from the version in the project's go.mod.
-build_module_tools . nats "nats-server=github.com/nats-io/nats-server/v2"
+CGO_ENABLED=0 build_module_tools . nats "nats-server=github.com/nats-io/nats-server/v2"
