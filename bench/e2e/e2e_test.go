@@ -70,7 +70,8 @@ func TestParseRequestTotal(t *testing.T) {
 	}
 	want := requestCounts{
 		"LIST services":       3,
-		"POST services":       2005,
+		"POST services":       2000,
+		"POST services 409":   5,
 		"PUT services/status": 1,
 		"GET /readyz":         15,
 		"GET /openapi/v3":     2,

@@ -291,11 +291,15 @@ func (b *bench) floor(ctx context.Context) error {
 		return nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+	req0, _ := b.scrape(ctx)
 	cpu0, _ := sampleCPU()
 	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight)
 	f.DeleteCPU = cpu0.since(f.Delete.Seconds)
 	cancel()
-	b.logf("floor: %d raw deletes, %d in flight: %.2fs (%d failed); CPU: %s", len(svcs), b.cfg.InFlight, f.Delete.Seconds, f.Delete.Failed, f.DeleteCPU)
+	if req1, err := b.scrape(ctx); err == nil && req0 != nil {
+		f.DeleteAPI = req1.Sub(req0)
+	}
+	b.logf("floor: %d raw deletes, %d in flight: %.2fs (%d failed); CPU: %s; API requests: %s", len(svcs), b.cfg.InFlight, f.Delete.Seconds, f.Delete.Failed, f.DeleteCPU, f.DeleteAPI)
 	return nil
 }
 

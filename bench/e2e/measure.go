@@ -28,7 +28,8 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 
 // requestCounts is apiserver_request_total summed by "VERB resource"
 // ("VERB resource/subresource"; "VERB /path" for nonResource requests,
-// e.g. "GET /readyz").
+// e.g. "GET /readyz"), with the response code appended when it is not 2xx
+// ("DELETE services 404").
 type requestCounts map[string]float64
 
 // Total is the sum over every key.
@@ -119,7 +120,11 @@ func parseRequestTotal(text string) (requestCounts, error) {
 		case sub != "":
 			res += "/" + sub
 		}
-		out[labels["verb"]+" "+res] += v
+		key := labels["verb"] + " " + res
+		if code := labels["code"]; code != "" && !strings.HasPrefix(code, "2") {
+			key += " " + code // failures apart: "DELETE services 404"
+		}
+		out[key] += v
 	}
 	return out, sc.Err()
 }

@@ -22,10 +22,11 @@ type result struct {
 // floorResult is the raw client-go floor: creates and deletes of the same
 // Services, InFlight calls at once, no client-side rate limit.
 type floorResult struct {
-	Services  int     `json:"services"`
-	Create    timed   `json:"create"`
-	Delete    timed   `json:"delete"`
-	DeleteCPU *cpuUse `json:"delete_cpu,omitempty"`
+	Services  int           `json:"services"`
+	Create    timed         `json:"create"`
+	Delete    timed         `json:"delete"`
+	DeleteCPU *cpuUse       `json:"delete_cpu,omitempty"`
+	DeleteAPI requestCounts `json:"delete_api_requests,omitempty"` // the API server's requests during the deletes
 }
 
 // apiWindow is the API server's request count over a window.
@@ -77,20 +78,21 @@ type reaction struct {
 
 // roundResult is one scenario run with Workers worker processes.
 type roundResult struct {
-	Workers               int        `json:"workers"`
-	Services              int        `json:"services"`
-	Converge              *phase     `json:"converge,omitempty"`
-	Grow                  *phase     `json:"grow,omitempty"`
-	Shrink                *phase     `json:"shrink,omitempty"`
-	Delete                *phase     `json:"delete,omitempty"`
-	DeleteCPU             *cpuUse    `json:"delete_cpu,omitempty"`
-	Reactions             *reactions `json:"reactions,omitempty"`
-	API                   *apiWindow `json:"steady_api,omitempty"`
-	MATGetsPerInstanceMin float64    `json:"mat_gets_per_instance_per_minute"`
-	NewConnsPerInstance   float64    `json:"new_connections_per_instance"`
-	WorkerRSS             int64      `json:"worker_rss_bytes"`
-	WorkerHWM             int64      `json:"worker_hwm_bytes"`
-	Notes                 []string   `json:"notes,omitempty"`
+	Workers               int           `json:"workers"`
+	Services              int           `json:"services"`
+	Converge              *phase        `json:"converge,omitempty"`
+	Grow                  *phase        `json:"grow,omitempty"`
+	Shrink                *phase        `json:"shrink,omitempty"`
+	Delete                *phase        `json:"delete,omitempty"`
+	DeleteCPU             *cpuUse       `json:"delete_cpu,omitempty"`
+	DeleteAPI             requestCounts `json:"delete_api_requests,omitempty"` // the API server's requests during the fan-out
+	Reactions             *reactions    `json:"reactions,omitempty"`
+	API                   *apiWindow    `json:"steady_api,omitempty"`
+	MATGetsPerInstanceMin float64       `json:"mat_gets_per_instance_per_minute"`
+	NewConnsPerInstance   float64       `json:"new_connections_per_instance"`
+	WorkerRSS             int64         `json:"worker_rss_bytes"`
+	WorkerHWM             int64         `json:"worker_hwm_bytes"`
+	Notes                 []string      `json:"notes,omitempty"`
 }
 
 // rowDef defines a table row: its measure, unit, floor and how a round's

@@ -198,6 +198,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	// 4. delete fan-out: every device gone from every simulator.
 	all = allNames(cur)
 	w = tr.Expect(all, false)
+	api0, _ := b.scrape(rctx)
 	t0 = time.Now()
 	cpu0, _ := sampleCPU()
 	for i, s := range sims {
@@ -210,7 +211,10 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	r.Delete = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("delete fan-out: %d Services", len(all)))
 	r.Delete.Count = len(all)
 	r.DeleteCPU = cpu0.since(time.Since(t0).Seconds())
-	b.logf("%s: delete fan-out CPU: %s", tag, r.DeleteCPU)
+	if api1, err := b.scrape(rctx); err == nil && api0 != nil {
+		r.DeleteAPI = api1.Sub(api0)
+	}
+	b.logf("%s: delete fan-out CPU: %s; API requests: %s", tag, r.DeleteCPU, r.DeleteAPI)
 
 	// 8. worker memory after the run.
 	for _, p := range workers {
