@@ -88,7 +88,7 @@ func TestParseRequestTotal(t *testing.T) {
 	if got.Total() != 2038 {
 		t.Errorf("Total = %v, want 2038", got.Total())
 	}
-	later := requestCounts{"LIST services": 4, "POST services": 2005, "WATCH services": 1}
+	later := requestCounts{"LIST services": 4, "POST services": 2000, "POST services 409": 5, "WATCH services": 1}
 	d := later.Sub(got)
 	if d["LIST services"] != 1 || d["WATCH services"] != 1 || d["PUT leases"] != -12 || len(d) != 6 {
 		t.Errorf("Sub = %v", d)
