@@ -1229,3 +1229,38 @@ func TestDeleteJobSafety(t *testing.T) {
 		t.Errorf("delete error events: %+v", evs)
 	}
 }
+
+// TestClientClosedDuringFetch: an instance that goes away while its status
+// fetch hangs has its MAT client closed under that fetch. That ends the
+// sync as skipped: no fetch error event and no failed job (MAT did not
+// fail), and the clean-up deletes its Services.
+func TestClientClosedDuringFetch(t *testing.T) {
+	e := newEnv(t)
+	fleet := generatedFleet(t, "10.96.92.0/24", 4)
+	sim := e.startSim(matsim.Options{Fleet: fleet})
+	src := e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{ClientTimeout: time.Minute})
+	e.waitServices(wantServiceNames(fleet)...)
+	waitSyncs(t, w, 1)
+
+	sim.SetFault(matsim.FaultHang)
+	reqs := sim.Requests()
+	waitFor(t, "a fetch hanging on MAT", func() (bool, string) {
+		return sim.Requests() > reqs, fmt.Sprintf("requests %d", sim.Requests())
+	})
+	before := w.Stats()
+	if err := src.Set(nil); err != nil {
+		t.Fatal(err)
+	}
+	e.waitServices()
+	waitFor(t, "the hanging sync ended", func() (bool, string) {
+		s := w.Stats()
+		return s.Syncs > before.Syncs, fmt.Sprintf("syncs %d", s.Syncs)
+	})
+	if evs := e.errs.Of(errKind("fetch")); len(evs) != 0 {
+		t.Errorf("fetch error events for a client closed by the instance's removal: %+v", evs)
+	}
+	if s := w.Stats(); s.Failed != before.Failed {
+		t.Errorf("failed jobs %d → %d; a closed client is not a failure", before.Failed, s.Failed)
+	}
+}

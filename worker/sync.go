@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"sync"
@@ -145,6 +146,9 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 		if ctx.Err() != nil {
 			return events.SyncResult{}, ctx.Err()
 		}
+		if errors.Is(err, matclient.ErrClosed) {
+			return closedDuringFetch(log), nil
+		}
 		// No deletes: the instance's Services stay as they are.
 		transient := matclient.IsTransient(err)
 		w.report.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: key, URL: inst.URL,
@@ -161,6 +165,9 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 		if st, fp, err = fetchStatus(ctx, client, ""); err != nil {
 			if ctx.Err() != nil {
 				return events.SyncResult{}, ctx.Err()
+			}
+			if errors.Is(err, matclient.ErrClosed) {
+				return closedDuringFetch(log), nil
 			}
 			return events.SyncResult{Outcome: events.OutcomeFetchFailed, Transient: matclient.IsTransient(err), Error: err.Error()}, nil
 		}
@@ -267,6 +274,16 @@ func (w *Worker) afterGone(ctx context.Context, key string, seq uint64, jobID st
 // status without decoding it (*matclient.Client).
 type fingerprinter interface {
 	StatusIfChanged(ctx context.Context, prev string) (*matclient.Status, string, error)
+}
+
+// closedDuringFetch is the result of a sync whose MAT client was closed
+// while it fetched: the client cache closes a client only when its instance
+// went away or its URL changed, and that event brings its own clean-up or
+// full sync. It is not a failure of MAT, so no error event: the job is
+// reported as skipped, nothing is changed.
+func closedDuringFetch(log *slog.Logger) events.SyncResult {
+	log.Info("sync skipped: the instance's MAT client was closed during the fetch (instance gone or URL changed)")
+	return events.SyncResult{Outcome: events.OutcomeSkipped, Error: "MAT client closed during the fetch"}
 }
 
 // fetchStatus fetches the status once. With a client that fingerprints,
