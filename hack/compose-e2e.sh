@@ -33,6 +33,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# The images' root file systems are made here: whatever umask the caller
+# has (077 made / untraversable for the curl image's user), give them the
+# usual modes.
+umask 022
 
 compose_module=github.com/docker/compose/v2
 compose_version=v2.40.3
