@@ -74,7 +74,7 @@ print_timings() {
 # --- 1. packages ------------------------------------------------------------
 phase "packages (apt)"
 need=()
-for c in dockerd:docker.io containerd:docker.io runc:docker.io docker:docker.io iptables-save:iptables curl:curl; do
+for c in dockerd:docker.io containerd:docker.io runc:docker.io docker:docker.io iptables-save:iptables curl:curl ip:iproute2 sysctl:procps flock:util-linux; do
 	command -v "${c%%:*}" >/dev/null 2>&1 || need+=("${c#*:}")
 done
 # The images need a static busybox (ldd fails on a static binary).
