@@ -249,7 +249,7 @@ func (o *kubeOpts) restConfig() (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if o.kubeconfig != "" {
-		if err := checkReadable("kubeconfig (--kubeconfig, KUBECONFIG)", o.kubeconfig); err != nil {
+		if err := checkReadable("kubeconfig "+o.kubeconfig+" (--kubeconfig, KUBECONFIG)", o.kubeconfig); err != nil {
 			return nil, err
 		}
 		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)

@@ -87,7 +87,7 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 		var entries []discovery.StaticEntry
 		var err error
 		if o.staticFile != "" {
-			if err := checkReadable("--static-file", o.staticFile); err != nil {
+			if err := checkReadable("--static-file "+o.staticFile, o.staticFile); err != nil {
 				return nil, err
 			}
 			entries, err = discovery.LoadStaticFile(o.staticFile)

@@ -9,21 +9,22 @@ import (
 )
 
 // checkReadable returns nil when path can be opened for reading, else a file
-// error (exit 1, not a usage error) naming what the file is for; when it is
-// a permission problem, the message names this process's uid and the file's
-// owner and mode, and the usual cause: a file bind-mounted into a container
-// from a checkout made under umask 077 (docker-compose.yaml mounts
-// deploy/compose/ into containers that run as uid 65532).
-func checkReadable(what, path string) error {
+// error (exit 1, not a usage error) that starts with label, e.g.
+// "kubeconfig /x (--kubeconfig, KUBECONFIG)". For a permission problem the
+// message names this process's uid and the file's owner and mode, and the
+// usual cause: a file bind-mounted into a container from a checkout made
+// under umask 077 (docker-compose.yaml mounts deploy/compose/ into
+// containers that run as uid 65532).
+func checkReadable(label, path string) error {
 	f, err := os.Open(path)
 	if err == nil {
 		f.Close()
 		return nil
 	}
 	if !errors.Is(err, fs.ErrPermission) {
-		return fmt.Errorf("%s %s: %w", what, path, err)
+		return fmt.Errorf("%s is not usable: %w", label, err)
 	}
-	msg := fmt.Sprintf("%s %s is not readable by this process (uid %d, gid %d)", what, path, os.Getuid(), os.Getgid())
+	msg := fmt.Sprintf("%s is not readable by this process (uid %d, gid %d)", label, os.Getuid(), os.Getgid())
 	if fi, serr := os.Stat(path); serr == nil {
 		msg += fmt.Sprintf("; the file has mode %v", fi.Mode().Perm())
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
