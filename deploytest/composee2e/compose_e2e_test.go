@@ -181,6 +181,32 @@ func TestComposeE2E(t *testing.T) {
 		})
 	})
 
+	c.step("a crash loop fails up --wait", func() {
+		// The workers with an invalid setting exit at once and are
+		// restarted (restart: unless-stopped): their healthcheck never
+		// passes, so `up --wait` must fail rather than report success.
+		override := filepath.Join(t.TempDir(), "crash-loop.yaml")
+		if err := os.WriteFile(override, []byte("services:\n  worker:\n    environment:\n      MATBUS_KUBE_QPS: \"-1\"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, code := c.tryCompose("-f", "docker-compose.yaml", "-f", override, "up", "--detach", "--wait", "--wait-timeout", "90", "--scale", "worker=4", "worker")
+		if code == 0 {
+			t.Fatalf("up --wait succeeded with crash-looping workers:\n%s", out)
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		t.Logf("up --wait exited %d: %s", code, lines[len(lines)-1])
+		// It failed because of the crash loop: the workers run with the
+		// invalid setting, exit with the usage error and are restarted.
+		for _, w := range c.containers("worker") {
+			st := strings.Fields(c.docker("inspect", "--format", "{{.RestartCount}} {{.State.ExitCode}} {{range .Config.Env}}{{if eq . \"MATBUS_KUBE_QPS=-1\"}}invalid-qps{{end}}{{end}}", w))
+			logs, _ := c.tryDocker("logs", "--tail", "5", w)
+			if len(st) < 3 || st[2] != "invalid-qps" || !strings.Contains(logs, "--kube-qps") {
+				t.Fatalf("worker %s (restarts, exit code, env: %v) is not the crash-looping one:\n%s", w, st, logs)
+			}
+		}
+		c.run("up", "--detach", "--wait", "--wait-timeout", "300", "--scale", "worker=4")
+	})
+
 	c.step("unreadable kubeconfig: a clear failure", func() {
 		// A file only its owner (root) may read, as a checkout made under
 		// umask 077 leaves deploy/compose/kubeconfig; matbus runs as 65532.
@@ -300,6 +326,12 @@ func (c *compose) docker(args ...string) string {
 		c.t.Fatalf("docker %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// tryCompose returns the combined output and exit code of docker compose <args>.
+func (c *compose) tryCompose(args ...string) (string, int) {
+	c.t.Helper()
+	return c.tryDocker(append([]string{"compose"}, args...)...)
 }
 
 // tryDocker returns the combined output and exit code of docker <args>.
