@@ -193,7 +193,7 @@ cleanup() {
 	fi
 	chmod -R u+w "$run" 2>/dev/null
 	rm -rf "$run"
-	log "engine data (images, build cache) kept for the next run: $data_root ($(du -sh "$data_root" 2>/dev/null | cut -f1))"
+	log "engine data (images, build cache) kept for the next run: $data_root"
 	print_timings
 	if [ $rc = 0 ]; then log "PASS"; else log "FAIL (exit $rc)"; fi
 	exit $rc
