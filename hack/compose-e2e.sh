@@ -366,6 +366,9 @@ docker compose build \
 	--build-arg "GO_IMAGE=$go_image" --build-arg "RUNTIME_IMAGE=$runtime_image" \
 	--build-arg GOPROXY=file:///goproxy --build-arg GOSUMDB=off \
 	--build-arg "REVISION=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
+# The kept build cache stays bounded (least recently used first; the Go
+# build cache mount is used by every run).
+docker builder prune -f --keep-storage 3gb >/dev/null
 matbus_image=$(docker compose config --images matbus-image)
 docker run --rm "$matbus_image" version
 # Every image the compose file names is here now: nothing will be pulled.
