@@ -82,8 +82,17 @@ if [ ! -x /bin/busybox ] || ldd /bin/busybox >/dev/null 2>&1; then need+=(busybo
 if [ ${#need[@]} -gt 0 ]; then
 	mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
 	log "installing ${need[*]} (Debian packages)"
+	# No system dockerd may start from the install (it would change the
+	# host's network before the private one runs): deny service starts.
+	policy_made=""
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+		chmod 755 /usr/sbin/policy-rc.d
+		policy_made=1
+	fi
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+	[ -z "$policy_made" ] || rm -f /usr/sbin/policy-rc.d
 fi
 dockerd --version
 
