@@ -60,13 +60,14 @@ func (c *checker) add(name string, r checkResult, format string, args ...any) {
 
 func runCheck(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("check", "Tell, before install, what will fail: NATS and JetStream, the Kubernetes API, RBAC, "+
-		"the BMC and NVOS IPs of the MAT statuses against the service range for --bmc-ip-mode, and whether the API server "+
-		"admits spec.externalIPs. Takes the flags and environment of `worker` and `discovery`; prints a table and exits 1 on a problem.", e.stderr)
+		"the BMC and NVOS IPs of the MAT statuses against the service range for --bmc-ip-mode, whether the API server "+
+		"admits spec.externalIPs, and --stream-replicas against the NATS cluster. Takes the flags and environment of `worker` and `discovery`; prints a table and exits 1 on a problem.", e.stderr)
 	var c checker
 	var l logOpts
 	var timeout time.Duration
 	c.n.register(fs)
 	c.n.registerTLS(fs)
+	c.n.registerReplicas(fs)
 	l.register(fs)
 	c.k.register(fs)
 	c.w.register(fs)
@@ -140,10 +141,37 @@ func (c *checker) checkNATS(ctx context.Context) {
 		var info *jetstream.AccountInfo
 		if info, err = js.AccountInfo(ctx); err == nil {
 			c.add("NATS", checkOK, "%s, JetStream enabled (%d streams)", url, info.Streams)
+			c.checkReplicas(nc)
 			return
 		}
 	}
 	c.add("NATS", checkFail, "%s reachable, but no JetStream: %v", url, err)
+}
+
+// checkReplicas compares --stream-replicas with the NATS deployment the
+// connection reached: more than one replica needs a JetStream cluster (a
+// server without a cluster name refuses such streams), and a cluster needs
+// at least that many servers (the client knows the servers the cluster
+// advertises; fewer of them is a warning, since a server may not advertise
+// itself to clients).
+func (c *checker) checkReplicas(nc *nats.Conn) {
+	want := c.n.replicas
+	if want <= 1 {
+		return
+	}
+	cluster := nc.ConnectedClusterName()
+	if cluster == "" {
+		c.add("stream replicas", checkFail, "--stream-replicas %d needs a JetStream cluster of at least %d servers; %s is a single server (no cluster name)",
+			want, want, events.StripUserInfo(nc.ConnectedUrlRedacted()))
+		return
+	}
+	known := len(nc.Servers())
+	if known < want {
+		c.add("stream replicas", checkWarn, "--stream-replicas %d, but the client knows %d server(s) of cluster %q; NATS refuses streams with more replicas than JetStream servers",
+			want, known, cluster)
+		return
+	}
+	c.add("stream replicas", checkOK, "%d replicas; cluster %q, %d servers known", want, cluster, known)
 }
 
 // checkKube builds the client and asks for the server version.

@@ -192,3 +192,46 @@ func TestCheckRBAC(t *testing.T) {
 		t.Errorf("a granted verb reported denied: %s", line)
 	}
 }
+
+// TestCheckStreamReplicas: --stream-replicas above 1 against a single NATS
+// server is reported as a failure naming the cause; 1 adds no row.
+func TestCheckStreamReplicas(t *testing.T) {
+	ns, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	// An API server that is not there: the Kubernetes rows fail, the NATS
+	// rows are what this test reads.
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	row := func(replicas string) string {
+		t.Helper()
+		code, out, errOut := runArgs(t, nil, "check", "--kubeconfig", kc, "--nats-url", ns.ClientURL(), "--namespace", "default",
+			"--static", "mat-a=http://127.0.0.1:1", "--leader-elect=false", "--stream-replicas", replicas,
+			"--log-level", "error", "--timeout", "20s")
+		if code != 1 {
+			t.Fatalf("check --stream-replicas %s: exit %d, want 1 (no API server)\n%s%s", replicas, code, out, errOut)
+		}
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "stream replicas") {
+				return l
+			}
+		}
+		return ""
+	}
+	if l := row("3"); !strings.Contains(l, "FAIL") || !strings.Contains(l, "needs a JetStream cluster") || !strings.Contains(l, "single server") {
+		t.Errorf("--stream-replicas 3 on one server: row %q, want FAIL naming the missing cluster", l)
+	}
+	if l := row("1"); l != "" {
+		t.Errorf("--stream-replicas 1: row %q, want none", l)
+	}
+}
