@@ -276,8 +276,11 @@ func TestNATSClusterNodeLoss(t *testing.T) {
 			}
 		}
 		n := len(big.services())
-		return n == 0 && metaAt > 0 && streamAt > 0 && consumerAt > 0,
-			fmt.Sprintf("%d of big's Services left; meta %v stream %v consumer %v", n, metaAt, streamAt, consumerAt)
+		// The List can show the last Service gone before its watch event
+		// reaches the recorder: wait for the events too.
+		_, seen := rec.since(big, removed)
+		return n == 0 && len(seen) >= 1000 && metaAt > 0 && streamAt > 0 && consumerAt > 0,
+			fmt.Sprintf("%d of big's Services left, %d deletions seen; meta %v stream %v consumer %v", n, len(seen), metaAt, streamAt, consumerAt)
 	})
 	allGone := time.Since(killed)
 	_, dels := rec.since(big, removed)
