@@ -233,18 +233,7 @@ func TestNATSClusterNodeLoss(t *testing.T) {
 		return false, fmt.Sprintf("meta leader %s, stream leader %s: stepping down", meta, ci.Leader)
 	})
 	c0, d0 := counters()
-	fanOut := make(chan *proc, len(workers))
-	stopWatch := make(chan struct{})
-	for _, p := range workers {
-		ch := p.log.Watch("instance gone: deleting its Services", "instance="+big.key())
-		go func() {
-			select {
-			case <-ch:
-				fanOut <- p
-			case <-stopWatch:
-			}
-		}()
-	}
+	fanOut, stopWatch := firstToLog(workers, "instance gone: deleting its Services", "instance="+big.key())
 	w.undiscover(big)
 	removed := time.Now()
 	var killed time.Time
@@ -252,10 +241,10 @@ func TestNATSClusterNodeLoss(t *testing.T) {
 	case p := <-fanOut:
 		w.cluster.node(victim).Stop(true)
 		killed = time.Now()
-		close(stopWatch)
+		stopWatch()
 		t.Logf("killed %s (meta leader, delete stream leader) as %s began the fan-out", victim, p.name)
 	case <-time.After(2 * time.Minute):
-		close(stopWatch)
+		stopWatch()
 		t.Fatal("no worker began the fan-out of big")
 	}
 	var metaAt, streamAt, consumerAt time.Duration

@@ -49,25 +49,14 @@ func TestKillWorkerMidFanOut(t *testing.T) {
 			// Kill whichever worker takes the clean-up job, as soon as it
 			// logs the start of its fan-out.
 			point = "start of the fan-out (clean-up job in flight, delete jobs partly published)"
-			lines := make(chan *proc, len(workers))
-			stopWatch := make(chan struct{})
-			for _, p := range workers {
-				ch := p.log.Watch("instance gone: deleting its Services", "instance="+gone.key())
-				go func() {
-					select {
-					case <-ch:
-						lines <- p
-					case <-stopWatch:
-					}
-				}()
-			}
+			lines, stopWatch := firstToLog(workers, "instance gone: deleting its Services", "instance="+gone.key())
 			disc.Remove(gone)
 			select {
 			case victim = <-lines:
 				victim.Kill()
-				close(stopWatch)
+				stopWatch()
 			case <-time.After(time.Minute):
-				close(stopWatch)
+				stopWatch()
 				t.Fatalf("trial %d: no worker started the fan-out for %s", trial, gone.name)
 			}
 		} else {

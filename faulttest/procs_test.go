@@ -380,3 +380,23 @@ func (n *natsProc) stop() {
 		n.Stop(false)
 	}
 }
+
+// firstToLog returns a channel that receives the first of procs to log a
+// line holding every one of substrs, and a func that ends the watches (call
+// it once the answer is in, or when giving up; later calls do nothing).
+func firstToLog(procs []*proc, substrs ...string) (<-chan *proc, func()) {
+	first := make(chan *proc, len(procs))
+	stop := make(chan struct{})
+	for _, p := range procs {
+		ch := p.log.Watch(substrs...)
+		go func() {
+			select {
+			case <-ch:
+				first <- p
+			case <-stop:
+			}
+		}()
+	}
+	var once sync.Once
+	return first, func() { once.Do(func() { close(stop) }) }
+}
