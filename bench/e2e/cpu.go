@@ -1,17 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
-)
 
-// clockTicks is the unit of utime/stime in /proc/<pid>/stat (USER_HZ,
-// 100 on every Linux this runs on).
-const clockTicks = 100
+	"github.com/prometheus/procfs"
+)
 
 // cpuUse is CPU time spent over one phase: seconds of user+system time by
 // program (the kernel's comm: kube-apiserver, etcd, nats-server, matbus, and
@@ -31,38 +27,36 @@ type cpuSample struct {
 }
 
 // sampleCPU reads the CPU seconds of the harness and its descendants from
-// /proc, grouped by program, and the machine's busy seconds from /proc/stat.
-// Errors: /proc unreadable (not Linux).
+// /proc (prometheus/procfs), grouped by program, and the machine's busy
+// seconds from /proc/stat. Errors: /proc unreadable (not Linux).
 func sampleCPU() (cpuSample, error) {
 	s := cpuSample{byProg: map[string]float64{}}
-	busy, err := machineBusy()
+	fs, err := procfs.NewDefaultFS()
 	if err != nil {
-		return s, err
+		return s, fmt.Errorf("open /proc: %w", err)
 	}
-	s.busy = busy
-	ents, err := os.ReadDir("/proc")
+	st, err := fs.Stat()
 	if err != nil {
-		return s, fmt.Errorf("read /proc: %w", err)
+		return s, fmt.Errorf("read /proc/stat: %w", err)
 	}
-	type st struct {
+	c := st.CPUTotal // guest time is already counted in user
+	s.busy = c.User + c.Nice + c.System + c.IRQ + c.SoftIRQ + c.Steal
+	all, err := fs.AllProcs()
+	if err != nil {
+		return s, fmt.Errorf("list /proc: %w", err)
+	}
+	type st1 struct {
 		comm string
 		ppid int
 		cpu  float64
 	}
-	procs := map[int]st{}
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+	procs := map[int]st1{}
+	for _, p := range all {
+		ps, err := p.Stat()
 		if err != nil {
 			continue // exited meanwhile
 		}
-		comm, ppid, cpu, ok := parseStat(b)
-		if ok {
-			procs[pid] = st{comm, ppid, cpu}
-		}
+		procs[p.PID] = st1{ps.Comm, ps.PPID, ps.CPUTime()}
 	}
 	self := os.Getpid()
 	for pid, p := range procs {
@@ -88,58 +82,6 @@ func sampleCPU() (cpuSample, error) {
 		s.byProg[name] += p.cpu
 	}
 	return s, nil
-}
-
-// parseStat reads comm, ppid and utime+stime (seconds) from the content of
-// /proc/<pid>/stat; comm may hold spaces and parentheses, so fields are
-// counted from the last ')'.
-func parseStat(b []byte) (comm string, ppid int, cpu float64, ok bool) {
-	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
-	if open < 0 || end < open {
-		return "", 0, 0, false
-	}
-	comm = string(b[open+1 : end])
-	f := strings.Fields(string(b[end+1:]))
-	// f[0] is field 3 (state): ppid is field 4, utime 14, stime 15.
-	if len(f) < 13 {
-		return "", 0, 0, false
-	}
-	ppid, err1 := strconv.Atoi(f[1])
-	ut, err2 := strconv.ParseFloat(f[11], 64)
-	stm, err3 := strconv.ParseFloat(f[12], 64)
-	if err1 != nil || err2 != nil || err3 != nil {
-		return "", 0, 0, false
-	}
-	return comm, ppid, (ut + stm) / clockTicks, true
-}
-
-// machineBusy is the machine's busy CPU seconds since boot: the first line
-// of /proc/stat minus idle and iowait.
-func machineBusy() (float64, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, fmt.Errorf("read /proc/stat: %w", err)
-	}
-	line, _, _ := bytes.Cut(b, []byte("\n"))
-	f := strings.Fields(string(line))
-	if len(f) < 6 || f[0] != "cpu" {
-		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
-	}
-	var total, idle float64
-	for i, v := range f[1:] {
-		n, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return 0, fmt.Errorf("/proc/stat: %w", err)
-		}
-		if i >= 8 { // guest time is already counted in user
-			break
-		}
-		total += n
-		if i == 3 || i == 4 {
-			idle += n
-		}
-	}
-	return (total - idle) / clockTicks, nil
 }
 
 // since is the CPU use from s to now over wall seconds; nil when /proc

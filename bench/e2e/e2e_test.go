@@ -204,17 +204,6 @@ func TestTable(t *testing.T) {
 	}
 }
 
-func TestParseStat(t *testing.T) {
-	line := []byte("4242 (a (b) c) S 17 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 8 0 123 0 0\n")
-	comm, ppid, cpu, ok := parseStat(line)
-	if !ok || comm != "a (b) c" || ppid != 17 || cpu != 3 {
-		t.Fatalf("parseStat = %q %d %v %v, want \"a (b) c\" 17 3 true", comm, ppid, cpu, ok)
-	}
-	if _, _, _, ok := parseStat([]byte("1 (x) S 0")); ok {
-		t.Fatal("parseStat accepted a short line")
-	}
-}
-
 func TestSampleCPUCountsTheHarness(t *testing.T) {
 	s, err := sampleCPU()
 	if err != nil {
