@@ -1,7 +1,6 @@
 package deploytest
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -32,6 +31,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
@@ -664,19 +664,5 @@ func (p *proc) stop() {
 	})
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) Bytes() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Clone(s.b.Bytes())
-}
+// syncBuffer is a goroutine-safe output buffer.
+type syncBuffer = testenv.Buffer

@@ -1,7 +1,6 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -569,27 +568,7 @@ func (s *errSink) String() string {
 }
 
 // syncBuffer is a goroutine-safe log buffer.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// Tail returns the last n lines.
-func (b *syncBuffer) Tail(n int) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	lines := strings.SplitAfter(b.buf.String(), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "")
-}
+type syncBuffer = testenv.Buffer
 
 // waitFor polls cond until it holds, failing the test after waitTimeout
 // with cond's last description of the state.
