@@ -41,6 +41,8 @@ FUZZTIME ?= 5s
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./matclient
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./events
+	$(GO) test -run '^$$' -fuzz '^FuzzServiceName$$' -fuzztime $(FUZZTIME) ./plan
+	$(GO) test -run '^$$' -fuzz '^FuzzLabelValue$$' -fuzztime $(FUZZTIME) ./plan
 
 fuzz-long:
 	$(MAKE) fuzz FUZZTIME=2m
