@@ -190,10 +190,10 @@ func TestTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &result{Config: cfg, Defaults: map[string]map[string]string{"discovery": {"sync-interval": "30s"}},
-		Floor: &floorResult{Services: 200, Create: timed{Seconds: 2, Calls: 200}, Delete: timed{Seconds: 1, Calls: 200}},
+		Floors: []*floorResult{{Services: 200, Create: timed{Seconds: 2, Calls: 200}, Delete: timed{Seconds: 1, Calls: 200}}},
 		Rounds: []*roundResult{
 			{Workers: 1, Converge: &phase{Seconds: 8, Count: 200}, Delete: &phase{Seconds: 4, Count: 200}},
-			{Workers: 3, Converge: &phase{TimedOut: true, Missing: 3, Count: 200, Why: "timeout"}},
+			{Workers: 3, Column: 1, Converge: &phase{TimedOut: true, Missing: 3, Count: 200, Why: "timeout"}},
 		}}
 	out := r.table()
 	for _, want := range []string{"| 1 worker | 3 workers |", "| 8.00 (4.00×) | timeout (3 of 200 missing) |",
@@ -201,6 +201,55 @@ func TestTable(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "repetitions") {
+		t.Errorf("one repetition described as several:\n%s", out)
+	}
+}
+
+// With --repeat, each cell is the median over the repetitions and its
+// ratio the median of per-repetition ratios, each against the floor of
+// its own repetition (not against the median floor).
+func TestTableRepeats(t *testing.T) {
+	cfg, err := parseFlags([]string{"--services", "100", "--workers", "3", "--repeat", "3"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	floor := func(rep int, create, del float64) *floorResult {
+		return &floorResult{Repeat: rep, Services: 100, Create: timed{Seconds: create, Calls: 100}, Delete: timed{Seconds: del, Calls: 100}}
+	}
+	round := func(rep int, converge, del float64) *roundResult {
+		return &roundResult{Workers: 3, Repeat: rep, Converge: &phase{Seconds: converge, Count: 100}, Delete: &phase{Seconds: del, Count: 100}}
+	}
+	// Delete: repetitions 1 and 2 measured 10 s against a 5 s floor (2×)
+	// and 12 s against 12 s (1×): the cell is 11 s at 1.5×, not 11 s ÷ the
+	// median floor of 10 s; repetition 3 timed out before its delete.
+	r := &result{Config: cfg,
+		Floors: []*floorResult{floor(0, 2, 5), floor(1, 4, 12), floor(2, 3, 10)},
+		Rounds: []*roundResult{round(0, 4, 10), round(1, 5, 12), {Workers: 3, Repeat: 2, Converge: &phase{TimedOut: true, Missing: 1, Count: 100, Why: "timeout"}}},
+	}
+	out := r.table()
+	for _, want := range []string{
+		"3 repetitions",
+		"| 4. delete fan-out, 100 Services | s | 10.0 (5.00–12.0) | 11.0 (1.50×; 1.00×–2.00×) |",
+		// converge: repetition 2 timed out; the others are 4/2 and 5/4.
+		"| 1. converge from empty, 100 Services | s | 3.00 (2.00–4.00) | 4.50 (1.62×; 1.25×–2.00×) timeout (1 of 100 missing) |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if v := median([]float64{3, 1, 2}); v == nil || *v != 2 {
+		t.Errorf("median of 3 values = %v", v)
+	}
+	if v := median([]float64{4, 1}); v == nil || *v != 2.5 {
+		t.Errorf("median of 2 values = %v", v)
+	}
+	if median(nil) != nil {
+		t.Error("median of nothing is not nil")
+	}
+	if _, err := parseFlags([]string{"--repeat", "0"}, &strings.Builder{}); err == nil {
+		t.Error("--repeat 0 accepted")
 	}
 }
 

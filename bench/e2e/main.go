@@ -40,6 +40,7 @@ type config struct {
 	WorkerArgs    []string      `json:"worker_args,omitempty"`
 	DiscoveryArgs []string      `json:"discovery_args,omitempty"`
 	InFlight      int           `json:"floor_in_flight"`
+	Repeat        int           `json:"repeat"`
 	Seed          int64         `json:"seed"`
 	Matbus        string        `json:"-"`
 	NATSServer    string        `json:"-"`
@@ -63,6 +64,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&workerArgs, "worker-args", "", "extra flags for every `matbus worker`, space separated")
 	fs.StringVar(&discoveryArgs, "discovery-args", "", "extra flags for `matbus discovery`, space separated")
 	fs.IntVar(&c.InFlight, "floor-in-flight", 50, "calls in flight of the raw client-go floor")
+	fs.IntVar(&c.Repeat, "repeat", 1, "run the floor and the rounds this many times, alternating (floor, rounds, floor, rounds, …); "+
+		"each cell is then the median over the repetitions and its ratio the median of each repetition's value ÷ that repetition's floor")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the fleets and of the reaction changes")
 	fs.StringVar(&c.Matbus, "matbus", "bin/matbus", "the matbus binary (make build)")
 	fs.StringVar(&c.NATSServer, "nats-server", "", "the nats-server binary (default: nats-server beside kube-apiserver, e.g. .bin/)")
@@ -84,8 +87,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("--simulators must be at least 1")
 	case c.Services < c.Simulators:
 		return nil, errors.New("--services must be at least --simulators")
-	case c.Reactions < 0 || c.InFlight < 1:
-		return nil, errors.New("--reactions must be >= 0 and --floor-in-flight >= 1")
+	case c.Reactions < 0 || c.InFlight < 1 || c.Repeat < 1:
+		return nil, errors.New("--reactions must be >= 0, --floor-in-flight and --repeat >= 1")
 	case c.Steady <= 0 || c.Timeout <= 0 || c.Idle < 0:
 		return nil, errors.New("--steady and --timeout must be positive, --idle >= 0")
 	case c.SyncInterval < 0:
@@ -191,32 +194,39 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	return err
 }
 
-// scenario measures the floor, the idle API server and then one round per
-// worker count. It stops early (without an error) when ctx ends.
+// scenario runs --repeat repetitions of: the floor, then one round per
+// worker count. The idle API server is measured once, after the first
+// floor (by then the API server's start-up work is over). It stops early
+// (without an error) when ctx ends.
 func (b *bench) scenario(ctx context.Context) error {
-	if err := b.floor(ctx); err != nil {
-		return err
-	}
-	if ctx.Err() != nil {
-		return context.Cause(ctx)
-	}
-	if b.cfg.Idle > 0 {
-		t := time.Now()
-		w, err := b.apiWindow(ctx, b.cfg.Idle, nil)
-		if err != nil {
+	for rep := range b.cfg.Repeat {
+		if b.cfg.Repeat > 1 {
+			b.logf("repetition %d of %d", rep+1, b.cfg.Repeat)
+		}
+		if err := b.floor(ctx, rep); err != nil {
 			return err
 		}
-		b.result.Idle = &w
-		b.logf("idle API server: %.1f requests/min over %s (%s)", w.PerMinute, since(t), orNone(w.Raw.String()))
-	}
-	for _, n := range b.cfg.Workers {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		r := &roundResult{Workers: n}
-		b.result.Rounds = append(b.result.Rounds, r)
-		if err := b.round(ctx, r); err != nil {
-			return fmt.Errorf("%d worker(s): %w", n, err)
+		if rep == 0 && b.cfg.Idle > 0 {
+			t := time.Now()
+			w, err := b.apiWindow(ctx, b.cfg.Idle, nil)
+			if err != nil {
+				return err
+			}
+			b.result.Idle = &w
+			b.logf("idle API server: %.1f requests/min over %s (%s)", w.PerMinute, since(t), orNone(w.Raw.String()))
+		}
+		for col, n := range b.cfg.Workers {
+			if ctx.Err() != nil {
+				return context.Cause(ctx)
+			}
+			r := &roundResult{Workers: n, Repeat: rep, Column: col}
+			b.result.Rounds = append(b.result.Rounds, r)
+			if err := b.round(ctx, r); err != nil {
+				return fmt.Errorf("%d worker(s): %w", n, err)
+			}
 		}
 	}
 	return context.Cause(ctx)
@@ -274,15 +284,17 @@ func (b *bench) readDefaults(ctx context.Context) error {
 	return nil
 }
 
-func (b *bench) floor(ctx context.Context) error {
-	ns := "bench-floor"
+// floor measures repetition rep's floor: raw creates, then raw deletes of
+// the same Services, in a namespace of its own.
+func (b *bench) floor(ctx context.Context, rep int) error {
+	ns := fmt.Sprintf("bench-floor-r%d", rep)
 	if err := b.createNamespace(ctx, ns); err != nil {
 		return err
 	}
 	defer b.cleanNamespace(ns)
 	svcs := floorServices(ns, b.fleets.base)
-	f := &floorResult{Services: len(svcs)}
-	b.result.Floor = f
+	f := &floorResult{Services: len(svcs), Repeat: rep}
+	b.result.Floors = append(b.result.Floors, f)
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	f.Create = floorCreate(cctx, b.raw, svcs, b.cfg.InFlight)
 	cancel()

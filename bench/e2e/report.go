@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -12,7 +13,7 @@ type result struct {
 	Machine  string                       `json:"machine"`
 	Version  string                       `json:"matbus_version"`
 	Defaults map[string]map[string]string `json:"defaults"` // subcommand → flag → default, from --help
-	Floor    *floorResult                 `json:"floor,omitempty"`
+	Floors   []*floorResult               `json:"floors"`   // one per repetition
 	Idle     *apiWindow                   `json:"idle_api_server,omitempty"`
 	Rounds   []*roundResult               `json:"rounds"`
 	Rows     []tableRow                   `json:"rows"`
@@ -22,6 +23,7 @@ type result struct {
 // floorResult is the raw client-go floor: creates and deletes of the same
 // Services, InFlight calls at once, no client-side rate limit.
 type floorResult struct {
+	Repeat    int           `json:"repeat"` // repetition, from 0
 	Services  int           `json:"services"`
 	Create    timed         `json:"create"`
 	Delete    timed         `json:"delete"`
@@ -79,6 +81,8 @@ type reaction struct {
 // roundResult is one scenario run with Workers worker processes.
 type roundResult struct {
 	Workers               int           `json:"workers"`
+	Repeat                int           `json:"repeat"` // repetition, from 0
+	Column                int           `json:"column"` // index of Workers in --workers
 	Services              int           `json:"services"`
 	Converge              *phase        `json:"converge,omitempty"`
 	Grow                  *phase        `json:"grow,omitempty"`
@@ -95,30 +99,51 @@ type roundResult struct {
 	Notes                 []string      `json:"notes,omitempty"`
 }
 
-// rowDef defines a table row: its measure, unit, floor and how a round's
-// cell is computed.
+// rowDef defines a table row: its measure, unit, how a repetition's floor
+// is computed (nil: the row has none) and how a round's cell is computed.
 type rowDef struct {
 	measure, unit string
-	floor         *float64
+	floor         func(*floorResult) *float64
 	cell          func(*roundResult) (*float64, string)
 }
 
 // tableRow is one row of the table: a floor (when one applies) and a cell
-// per worker count.
+// per worker count. Floor is the median of Floors, one per repetition
+// (nil where that repetition's floor failed).
 type tableRow struct {
 	Measure string      `json:"measure"`
 	Unit    string      `json:"unit"`
 	Floor   *float64    `json:"floor,omitempty"`
+	Floors  []*float64  `json:"floors,omitempty"`
 	Cells   []tableCell `json:"cells"`
 }
 
-// tableCell is a row's value for one worker count; Value is nil when the
-// wait timed out or the phase did not run, and Ratio is Value ÷ Floor.
+// tableCell is a row's value for one worker count: the median of Values
+// (one per repetition that measured it; nil when none did: the wait timed
+// out or the phase did not run), and Ratio, the median of Ratios, each a
+// repetition's value ÷ that repetition's floor.
 type tableCell struct {
-	Workers int      `json:"workers"`
-	Value   *float64 `json:"value"`
-	Ratio   *float64 `json:"ratio,omitempty"`
-	Note    string   `json:"note,omitempty"`
+	Workers int       `json:"workers"`
+	Value   *float64  `json:"value"`
+	Ratio   *float64  `json:"ratio,omitempty"`
+	Values  []float64 `json:"values,omitempty"`
+	Ratios  []float64 `json:"ratios,omitempty"`
+	Note    string    `json:"note,omitempty"`
+}
+
+// median is the middle value of vs (the mean of the two middle ones for an
+// even count), nil for none. vs is not modified.
+func median(vs []float64) *float64 {
+	if len(vs) == 0 {
+		return nil
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	m := len(s) / 2
+	if len(s)%2 == 1 {
+		return ptr(s[m])
+	}
+	return ptr((s[m-1] + s[m]) / 2)
 }
 
 func ptr(v float64) *float64 { return &v }
@@ -140,39 +165,58 @@ func cellOf(p *phase, value func(*phase) float64) (*float64, string) {
 
 func secs(p *phase) float64 { return p.Seconds }
 
-// rows builds the table rows from the rounds.
+// rows builds the table rows from the floors and the rounds.
 func (r *result) rows() []tableRow {
-	var fCreate, fDelete, fRate, fIdle *float64
-	if f := r.Floor; f != nil {
-		if !f.Create.TimedOut && f.Create.Failed == 0 {
-			fCreate = ptr(f.Create.Seconds)
+	createOf := func(f *floorResult) *float64 {
+		if f.Create.TimedOut || f.Create.Failed > 0 {
+			return nil
 		}
-		if !f.Delete.TimedOut && f.Delete.Failed == 0 && f.Delete.Seconds > 0 {
-			fDelete, fRate = ptr(f.Delete.Seconds), ptr(float64(f.Services)/f.Delete.Seconds)
-		}
+		return ptr(f.Create.Seconds)
 	}
+	deleted := func(f *floorResult) bool {
+		return !f.Delete.TimedOut && f.Delete.Failed == 0 && f.Delete.Seconds > 0
+	}
+	deleteOf := func(f *floorResult) *float64 {
+		if !deleted(f) {
+			return nil
+		}
+		return ptr(f.Delete.Seconds)
+	}
+	rateOf := func(f *floorResult) *float64 {
+		if !deleted(f) {
+			return nil
+		}
+		return ptr(float64(f.Services) / f.Delete.Seconds)
+	}
+	busyOf := func(f *floorResult) *float64 {
+		if !deleted(f) || f.DeleteCPU == nil {
+			return nil
+		}
+		return ptr(f.DeleteCPU.Busy / max(f.DeleteCPU.Wall, 1e-9))
+	}
+	var idleOf func(*floorResult) *float64
 	if r.Idle != nil {
-		fIdle = ptr(r.Idle.PerMinute)
+		idle := r.Idle.PerMinute
+		idleOf = func(*floorResult) *float64 { return ptr(idle) }
 	}
 	n := r.Config.Services
 	k := r.Config.Reactions
 	steady := num(r.Config.Steady.Seconds()) + " s"
 	defs := []rowDef{
-		{fmt.Sprintf("1. converge from empty, %d Services", n), "s", fCreate,
+		{fmt.Sprintf("1. converge from empty, %d Services", n), "s", createOf,
 			func(x *roundResult) (*float64, string) { return cellOf(x.Converge, secs) }},
 		{fmt.Sprintf("2. grow: one instance +%d BMCs", growBMCs), "s", nil,
 			func(x *roundResult) (*float64, string) { return cellOf(x.Grow, secs) }},
 		{fmt.Sprintf("3. shrink: one instance −%d BMCs", growBMCs), "s", nil,
 			func(x *roundResult) (*float64, string) { return cellOf(x.Shrink, secs) }},
-		{fmt.Sprintf("4. delete fan-out, %d Services", n), "s", fDelete,
+		{fmt.Sprintf("4. delete fan-out, %d Services", n), "s", deleteOf,
 			func(x *roundResult) (*float64, string) { return cellOf(x.Delete, secs) }},
-		{"4. delete rate", "Services/s", fRate,
+		{"4. delete rate", "Services/s", rateOf,
 			func(x *roundResult) (*float64, string) {
 				return cellOf(x.Delete, func(p *phase) float64 { return float64(p.Count) / max(p.Seconds, 1e-9) })
 			}},
-		cpuRow("kube-apiserver", r.Floor), cpuRow("etcd", r.Floor), cpuRow("matbus", r.Floor),
-		cpuRow("nats-server", r.Floor), cpuRow("harness", r.Floor),
-		{"4. machine CPU busy during the fan-out", "cores", busyOf(r.Floor),
+		cpuRow("kube-apiserver"), cpuRow("etcd"), cpuRow("matbus"), cpuRow("nats-server"), cpuRow("harness"),
+		{"4. machine CPU busy during the fan-out", "cores", busyOf,
 			func(x *roundResult) (*float64, string) {
 				if x.DeleteCPU == nil || x.Delete == nil || x.Delete.TimedOut {
 					return nil, ""
@@ -187,7 +231,7 @@ func (r *result) rows() []tableRow {
 			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, hosts, false) }},
 		{"5. reaction p50, DPU/switch/shelf changes (no bump)", "s", nil,
 			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, others, false) }},
-		{"6. API requests per steady minute", "req/min", fIdle,
+		{"6. API requests per steady minute", "req/min", idleOf,
 			func(x *roundResult) (*float64, string) {
 				if x.API == nil {
 					return nil, ""
@@ -213,15 +257,50 @@ func (r *result) rows() []tableRow {
 		{"8. worker VmHWM (peak RSS), max", "MiB", nil,
 			func(x *roundResult) (*float64, string) { return memCell(x.WorkerHWM) }},
 	}
+	floorOf := map[int]*floorResult{}
+	for _, f := range r.Floors {
+		floorOf[f.Repeat] = f
+	}
 	var rows []tableRow
 	for _, d := range defs {
-		row := tableRow{Measure: d.measure, Unit: d.unit, Floor: d.floor}
-		for _, rr := range r.Rounds {
-			v, note := d.cell(rr)
-			c := tableCell{Workers: rr.Workers, Value: v, Note: note}
-			if v != nil && d.floor != nil && *d.floor > 0 {
-				c.Ratio = ptr(*v / *d.floor)
+		row := tableRow{Measure: d.measure, Unit: d.unit}
+		floorAt := func(rep int) *float64 {
+			if f := floorOf[rep]; f != nil && d.floor != nil {
+				return d.floor(f)
 			}
+			return nil
+		}
+		if d.floor != nil {
+			var fs []float64
+			for _, f := range r.Floors {
+				v := floorAt(f.Repeat)
+				row.Floors = append(row.Floors, v)
+				if v != nil {
+					fs = append(fs, *v)
+				}
+			}
+			row.Floor = median(fs)
+		}
+		for col, workers := range r.Config.Workers {
+			c := tableCell{Workers: workers}
+			var notes []string
+			for _, rr := range r.Rounds {
+				if rr.Column != col {
+					continue
+				}
+				v, note := d.cell(rr)
+				if note != "" && !slices.Contains(notes, note) {
+					notes = append(notes, note)
+				}
+				if v == nil {
+					continue
+				}
+				c.Values = append(c.Values, *v)
+				if f := floorAt(rr.Repeat); f != nil && *f > 0 {
+					c.Ratios = append(c.Ratios, *v / *f)
+				}
+			}
+			c.Value, c.Ratio, c.Note = median(c.Values), median(c.Ratios), strings.Join(notes, "; ")
 			row.Cells = append(row.Cells, c)
 		}
 		rows = append(rows, row)
@@ -287,29 +366,42 @@ func (r *result) table() string {
 		fmt.Fprintf(&b, "- extra flags: worker %q, discovery %q\n", strings.Join(c.WorkerArgs, " "), strings.Join(c.DiscoveryArgs, " "))
 	}
 	fmt.Fprintf(&b, "- floor: raw client-go on the same API server, %d calls in flight, no client-side rate limit; "+
-		"row 6's floor is the API server with no matbus process running; ratio = value ÷ floor\n\n", c.InFlight)
-	b.WriteString("| measure | unit | floor |")
-	for _, rr := range r.Rounds {
-		fmt.Fprintf(&b, " %d worker%s |", rr.Workers, plural(rr.Workers))
+		"row 6's floor is the API server with no matbus process running; ratio = value ÷ floor\n", c.InFlight)
+	if c.Repeat > 1 {
+		fmt.Fprintf(&b, "- %d repetitions, each a floor and then the rounds: every cell is the median over the repetitions, "+
+			"its ratio the median of the repetitions' own ratios (value ÷ that repetition's floor), then the range in brackets\n", c.Repeat)
+	}
+	b.WriteString("\n| measure | unit | floor |")
+	for _, w := range c.Workers {
+		fmt.Fprintf(&b, " %d worker%s |", w, plural(w))
 	}
 	b.WriteString("\n|---|---|---:|")
-	for range r.Rounds {
+	for range c.Workers {
 		b.WriteString("---:|")
 	}
 	b.WriteString("\n")
 	for _, row := range r.Rows {
 		floor := "—"
 		if row.Floor != nil {
-			floor = num(*row.Floor)
+			var fs []float64
+			for _, f := range row.Floors {
+				if f != nil {
+					fs = append(fs, *f)
+				}
+			}
+			floor = num(*row.Floor) + spread(fs, "")
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s |", row.Measure, row.Unit, floor)
 		for _, cell := range row.Cells {
 			s := "—"
-			if cell.Value != nil {
-				s = num(*cell.Value)
-				if cell.Ratio != nil {
-					s += fmt.Sprintf(" (%s×)", num(*cell.Ratio))
+			switch {
+			case cell.Value != nil && cell.Ratio != nil:
+				s = fmt.Sprintf("%s (%s×)", num(*cell.Value), num(*cell.Ratio))
+				if len(cell.Ratios) > 1 {
+					s = fmt.Sprintf("%s (%s×; %s×–%s×)", num(*cell.Value), num(*cell.Ratio), num(slices.Min(cell.Ratios)), num(slices.Max(cell.Ratios)))
 				}
+			case cell.Value != nil:
+				s = num(*cell.Value) + spread(cell.Values, "")
 			}
 			if cell.Note != "" {
 				if cell.Value == nil {
@@ -323,20 +415,22 @@ func (r *result) table() string {
 		b.WriteString("\n")
 	}
 	b.WriteString("\n")
-	if f := r.Floor; f != nil && (f.Create.Failed > 0 || f.Delete.Failed > 0 || f.Create.TimedOut || f.Delete.TimedOut) {
-		fmt.Fprintf(&b, "- floor: %d of %d creates and %d of %d deletes failed (timeout: %v/%v)\n",
-			f.Create.Failed, f.Create.Calls, f.Delete.Failed, f.Delete.Calls, f.Create.TimedOut, f.Delete.TimedOut)
+	for _, f := range r.Floors {
+		if f.Create.Failed > 0 || f.Delete.Failed > 0 || f.Create.TimedOut || f.Delete.TimedOut {
+			fmt.Fprintf(&b, "- floor%s: %d of %d creates and %d of %d deletes failed (timeout: %v/%v)\n", r.repTag(f.Repeat),
+				f.Create.Failed, f.Create.Calls, f.Delete.Failed, f.Delete.Calls, f.Create.TimedOut, f.Delete.TimedOut)
+		}
 	}
 	if r.Idle != nil {
 		fmt.Fprintf(&b, "- API server alone, %s: %s\n", num(r.Idle.Seconds)+" s", orNone(r.Idle.Raw.String()))
 	}
 	for _, rr := range r.Rounds {
 		if rr.API != nil {
-			fmt.Fprintf(&b, "- %d worker%s, steady %s s: %s (%d of them the harness's)\n", rr.Workers, plural(rr.Workers),
-				num(rr.API.Seconds), orNone(rr.API.Raw.String()), rr.API.Harness)
+			fmt.Fprintf(&b, "- %d worker%s%s, steady %s s: %s (%d of them the harness's)\n", rr.Workers, plural(rr.Workers),
+				r.repTag(rr.Repeat), num(rr.API.Seconds), orNone(rr.API.Raw.String()), rr.API.Harness)
 		}
 		for _, n := range rr.Notes {
-			fmt.Fprintf(&b, "- %d worker%s: %s\n", rr.Workers, plural(rr.Workers), n)
+			fmt.Fprintf(&b, "- %d worker%s%s: %s\n", rr.Workers, plural(rr.Workers), r.repTag(rr.Repeat), n)
 		}
 	}
 	return b.String()
@@ -363,6 +457,23 @@ func (r *result) defaultsLine() string {
 	return strings.Join(parts, ", ")
 }
 
+// spread is " (min–max)" of vs with unit appended to each bound, or ""
+// for fewer than two values.
+func spread(vs []float64, unit string) string {
+	if len(vs) < 2 {
+		return ""
+	}
+	return fmt.Sprintf(" (%s%s–%s%s)", num(slices.Min(vs)), unit, num(slices.Max(vs)), unit)
+}
+
+// repTag names repetition rep (", repetition 2") when there are several.
+func (r *result) repTag(rep int) string {
+	if r.Config.Repeat < 2 {
+		return ""
+	}
+	return fmt.Sprintf(", repetition %d", rep+1)
+}
+
 func plural(n int) string {
 	if n == 1 {
 		return ""
@@ -379,30 +490,24 @@ func orNone(s string) string {
 
 // cpuRow is the CPU milliseconds one program spent per deleted Service
 // during the delete fan-out (floor: the raw deletes), from cpuUse.
-func cpuRow(prog string, f *floorResult) rowDef {
+func cpuRow(prog string) rowDef {
 	per := func(u *cpuUse, n int) *float64 {
 		if u == nil || n == 0 {
 			return nil
 		}
 		return ptr(u.ByProg[prog] * 1000 / float64(n))
 	}
-	var fl *float64
-	if f != nil && !f.Delete.TimedOut && f.Delete.Failed == 0 {
-		fl = per(f.DeleteCPU, f.Services)
-	}
-	return rowDef{"4. CPU per deleted Service, " + prog, "ms", fl,
+	return rowDef{"4. CPU per deleted Service, " + prog, "ms",
+		func(f *floorResult) *float64 {
+			if f.Delete.TimedOut || f.Delete.Failed > 0 {
+				return nil
+			}
+			return per(f.DeleteCPU, f.Services)
+		},
 		func(x *roundResult) (*float64, string) {
 			if x.Delete == nil || x.Delete.TimedOut {
 				return nil, ""
 			}
 			return per(x.DeleteCPU, x.Delete.Count), ""
 		}}
-}
-
-// busyOf is the machine's busy cores during the floor's deletes.
-func busyOf(f *floorResult) *float64 {
-	if f == nil || f.DeleteCPU == nil {
-		return nil
-	}
-	return ptr(f.DeleteCPU.Busy / max(f.DeleteCPU.Wall, 1e-9))
 }

@@ -25,6 +25,9 @@ const settle = 2 * time.Second
 func (b *bench) round(ctx context.Context, r *roundResult) error {
 	idx := len(b.result.Rounds)
 	tag := fmt.Sprintf("w=%d", r.Workers)
+	if b.cfg.Repeat > 1 {
+		tag = fmt.Sprintf("rep %d, w=%d", r.Repeat+1, r.Workers)
+	}
 	ns := fmt.Sprintf("bench-r%d-w%d", idx, r.Workers)
 	dir := filepath.Join(b.dir, fmt.Sprintf("round%d-w%d", idx, r.Workers))
 	if err := mkdir(dir); err != nil {
