@@ -15,7 +15,11 @@
 // steady minute (floor: the API server with nothing running), MAT GETs and
 // new TCP connections per instance in the steady window, worker RSS.
 //
-//	go run ./bench/e2e [--services 2000] [--workers 1,3] [--json out.json]
+//	go run ./bench/e2e [--services 2000] [--workers 1,3] [--repeat 1] [--json out.json]
+//
+// --repeat N alternates the floor and the rounds N times; each cell is then
+// the median over the repetitions and its ratio the median of each
+// repetition's value ÷ the floor measured in that repetition.
 //
 // It is a measurement tool: every wait is bounded and a wait that runs out
 // prints "timeout" in its row; nothing is asserted. docs/performance.md
