@@ -190,20 +190,29 @@ func TestTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &result{Config: cfg, Defaults: map[string]map[string]string{"discovery": {"sync-interval": "30s"}},
-		Floors: []*floorResult{{Services: 200, Create: timed{Seconds: 2, Calls: 200}, Delete: timed{Seconds: 1, Calls: 200}}},
+		Floors: []*floorResult{{Repeat: 1, Services: 200, Create: timed{Seconds: 2, Calls: 200}, Delete: timed{Seconds: 1, Calls: 200}}},
+		Idle:   &apiWindow{Seconds: 30, PerMinute: 30},
 		Rounds: []*roundResult{
-			{Workers: 1, Converge: &phase{Seconds: 8, Count: 200}, Delete: &phase{Seconds: 4, Count: 200}},
-			{Workers: 3, Column: 1, Converge: &phase{TimedOut: true, Missing: 3, Count: 200, Why: "timeout"}},
+			{Workers: 1, Repeat: 1, Converge: &phase{Seconds: 8, Count: 200}, Delete: &phase{Seconds: 4, Count: 200},
+				API: &apiWindow{Seconds: 60, PerMinute: 30}},
+			{Workers: 3, Repeat: 1, Column: 1, Converge: &phase{TimedOut: true, Missing: 3, Count: 200, Why: "timeout"},
+				API: &apiWindow{Seconds: 3, PerMinute: 81, Interrupted: true}},
 		}}
 	out := r.table()
 	for _, want := range []string{"| 1 worker | 3 workers |", "| 8.00 (4.00×) | timeout (3 of 200 missing) |",
-		"| 4. delete rate | Services/s | 200 | 50.0 (0.25×) | — |", "discovery --sync-interval 30s"} {
+		"| 4. delete rate | Services/s | 200 | 50.0 (0.25×) | — |", "discovery --sync-interval 30s",
+		// a steady window cut short by Ctrl-C is no measurement
+		"| 6. API requests per steady minute | req/min | 30.0 | 30.0 (1.00×) | interrupted |"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "repetitions") {
-		t.Errorf("one repetition described as several:\n%s", out)
+	if strings.Contains(out, "repetitions") || strings.Contains(out, "interrupted (") {
+		t.Errorf("one complete repetition described as several or as interrupted:\n%s", out)
+	}
+	r.Interrupted = "interrupt signal received"
+	if out := r.table(); !strings.Contains(out, "**interrupted** (interrupt signal received)") {
+		t.Errorf("an interrupted run is not marked:\n%s", out)
 	}
 }
 
@@ -224,9 +233,12 @@ func TestTableRepeats(t *testing.T) {
 	// Delete: repetitions 1 and 2 measured 10 s against a 5 s floor (2×)
 	// and 12 s against 12 s (1×): the cell is 11 s at 1.5×, not 11 s ÷ the
 	// median floor of 10 s; repetition 3 timed out before its delete.
-	r := &result{Config: cfg,
-		Floors: []*floorResult{floor(0, 2, 5), floor(1, 4, 12), floor(2, 3, 10)},
-		Rounds: []*roundResult{round(0, 4, 10), round(1, 5, 12), {Workers: 3, Repeat: 2, Converge: &phase{TimedOut: true, Missing: 1, Count: 100, Why: "timeout"}}},
+	r := &result{Config: cfg, Idle: &apiWindow{Seconds: 30, PerMinute: 30},
+		Floors: []*floorResult{floor(1, 2, 5), floor(2, 4, 12), floor(3, 3, 10)},
+		Rounds: []*roundResult{round(1, 4, 10), round(2, 5, 12), {Workers: 3, Repeat: 3, Converge: &phase{TimedOut: true, Missing: 1, Count: 100, Why: "timeout"}}},
+	}
+	for _, x := range r.Rounds {
+		x.API = &apiWindow{Seconds: 60, PerMinute: 30}
 	}
 	out := r.table()
 	for _, want := range []string{
@@ -234,6 +246,8 @@ func TestTableRepeats(t *testing.T) {
 		"| 4. delete fan-out, 100 Services | s | 10.0 (5.00–12.0) | 11.0 (1.50×; 1.00×–2.00×) |",
 		// converge: repetition 2 timed out; the others are 4/2 and 5/4.
 		"| 1. converge from empty, 100 Services | s | 3.00 (2.00–4.00) | 4.50 (1.62×; 1.25×–2.00×) timeout (1 of 100 missing) |",
+		// one idle window, equal values: no range
+		"| 6. API requests per steady minute | req/min | 30.0 | 30.0 (1.00×) |",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
@@ -248,8 +262,10 @@ func TestTableRepeats(t *testing.T) {
 	if median(nil) != nil {
 		t.Error("median of nothing is not nil")
 	}
-	if _, err := parseFlags([]string{"--repeat", "0"}, &strings.Builder{}); err == nil {
-		t.Error("--repeat 0 accepted")
+	for _, args := range [][]string{{"--repeat", "0"}, {"--workers", "1,,3"}, {"--workers", ","}, {"--workers", " "}} {
+		if _, err := parseFlags(args, &strings.Builder{}); err == nil {
+			t.Errorf("%q accepted", args)
+		}
 	}
 }
 

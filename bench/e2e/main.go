@@ -87,8 +87,12 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("--simulators must be at least 1")
 	case c.Services < c.Simulators:
 		return nil, errors.New("--services must be at least --simulators")
-	case c.Reactions < 0 || c.InFlight < 1 || c.Repeat < 1:
-		return nil, errors.New("--reactions must be >= 0, --floor-in-flight and --repeat >= 1")
+	case c.Reactions < 0:
+		return nil, errors.New("--reactions must be >= 0")
+	case c.InFlight < 1:
+		return nil, errors.New("--floor-in-flight must be >= 1")
+	case c.Repeat < 1:
+		return nil, errors.New("--repeat must be >= 1")
 	case c.Steady <= 0 || c.Timeout <= 0 || c.Idle < 0:
 		return nil, errors.New("--steady and --timeout must be positive, --idle >= 0")
 	case c.SyncInterval < 0:
@@ -181,6 +185,9 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	}
 
 	err = b.scenario(ctx)
+	if ctx.Err() != nil {
+		b.result.Interrupted = context.Cause(ctx).Error()
+	}
 	table := b.result.table()
 	fmt.Fprint(stdout, table)
 	if cfg.JSON != "" {
@@ -199,9 +206,12 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 // floor (by then the API server's start-up work is over). It stops early
 // (without an error) when ctx ends.
 func (b *bench) scenario(ctx context.Context) error {
-	for rep := range b.cfg.Repeat {
+	for rep := 1; rep <= b.cfg.Repeat; rep++ {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
 		if b.cfg.Repeat > 1 {
-			b.logf("repetition %d of %d", rep+1, b.cfg.Repeat)
+			b.logf("repetition %d of %d", rep, b.cfg.Repeat)
 		}
 		if err := b.floor(ctx, rep); err != nil {
 			return err
@@ -209,7 +219,7 @@ func (b *bench) scenario(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if rep == 0 && b.cfg.Idle > 0 {
+		if rep == 1 && b.cfg.Idle > 0 {
 			t := time.Now()
 			w, err := b.apiWindow(ctx, b.cfg.Idle, nil)
 			if err != nil {
@@ -284,7 +294,7 @@ func (b *bench) readDefaults(ctx context.Context) error {
 	return nil
 }
 
-// floor measures repetition rep's floor: raw creates, then raw deletes of
+// floor measures repetition rep's (from 1) floor: raw creates, then raw deletes of
 // the same Services, in a namespace of its own.
 func (b *bench) floor(ctx context.Context, rep int) error {
 	ns := fmt.Sprintf("bench-floor-r%d", rep)

@@ -241,13 +241,17 @@ func memStatus(status string) (rss, hwm int64, err error) {
 	return rss, hwm, nil
 }
 
-// parseWorkers parses "1,3" into worker counts (each >= 1).
+// parseWorkers parses "1,3" into worker counts (each >= 1). An empty item
+// ("1,,3") is an error, not skipped.
 func parseWorkers(s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, fmt.Errorf("--workers: empty list")
+	}
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
-			continue
+			return nil, fmt.Errorf("--workers: empty item in %q", s)
 		}
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 1 {

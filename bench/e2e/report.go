@@ -18,12 +18,15 @@ type result struct {
 	Rounds   []*roundResult               `json:"rounds"`
 	Rows     []tableRow                   `json:"rows"`
 	Markdown string                       `json:"markdown"`
+	// Interrupted says why the run stopped early (Ctrl-C, SIGTERM); the
+	// table then holds what was measured until then.
+	Interrupted string `json:"interrupted,omitempty"`
 }
 
 // floorResult is the raw client-go floor: creates and deletes of the same
 // Services, InFlight calls at once, no client-side rate limit.
 type floorResult struct {
-	Repeat    int           `json:"repeat"` // repetition, from 0
+	Repeat    int           `json:"repeat"` // repetition, from 1
 	Services  int           `json:"services"`
 	Create    timed         `json:"create"`
 	Delete    timed         `json:"delete"`
@@ -81,7 +84,7 @@ type reaction struct {
 // roundResult is one scenario run with Workers worker processes.
 type roundResult struct {
 	Workers               int           `json:"workers"`
-	Repeat                int           `json:"repeat"` // repetition, from 0
+	Repeat                int           `json:"repeat"` // repetition, from 1
 	Column                int           `json:"column"` // index of Workers in --workers
 	Services              int           `json:"services"`
 	Converge              *phase        `json:"converge,omitempty"`
@@ -195,7 +198,7 @@ func (r *result) rows() []tableRow {
 		return ptr(f.DeleteCPU.Busy / max(f.DeleteCPU.Wall, 1e-9))
 	}
 	var idleOf func(*floorResult) *float64
-	if r.Idle != nil {
+	if r.Idle != nil && !r.Idle.Interrupted {
 		idle := r.Idle.PerMinute
 		idleOf = func(*floorResult) *float64 { return ptr(idle) }
 	}
@@ -223,7 +226,7 @@ func (r *result) rows() []tableRow {
 				}
 				return ptr(x.DeleteCPU.Busy / max(x.DeleteCPU.Wall, 1e-9)), ""
 			}},
-		{fmt.Sprintf("5. reaction p50, %d single-BMC changes", k), "s", nil,
+		{fmt.Sprintf("5. reaction p50, %d single-BMC change%s", k, plural(k)), "s", nil,
 			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, all, false) }},
 		{"5. reaction p99", "s", nil,
 			func(x *roundResult) (*float64, string) { return reactionCell(x.Reactions, all, true) }},
@@ -236,6 +239,9 @@ func (r *result) rows() []tableRow {
 				if x.API == nil {
 					return nil, ""
 				}
+				if x.API.Interrupted {
+					return nil, "interrupted"
+				}
 				return ptr(x.API.PerMinute), ""
 			}},
 		{"7. MAT GETs per instance per minute", "GET/min", nil,
@@ -243,12 +249,18 @@ func (r *result) rows() []tableRow {
 				if x.API == nil {
 					return nil, ""
 				}
+				if x.API.Interrupted {
+					return nil, "interrupted"
+				}
 				return ptr(x.MATGetsPerInstanceMin), ""
 			}},
 		{"7. new TCP connections per instance in " + steady, "conns", nil,
 			func(x *roundResult) (*float64, string) {
 				if x.API == nil {
 					return nil, ""
+				}
+				if x.API.Interrupted {
+					return nil, "interrupted"
 				}
 				return ptr(x.NewConnsPerInstance), ""
 			}},
@@ -367,6 +379,9 @@ func (r *result) table() string {
 	}
 	fmt.Fprintf(&b, "- floor: raw client-go on the same API server, %d calls in flight, no client-side rate limit; "+
 		"row 6's floor is the API server with no matbus process running; ratio = value ÷ floor\n", c.InFlight)
+	if r.Interrupted != "" {
+		fmt.Fprintf(&b, "- **interrupted** (%s): the table holds what was measured until then\n", r.Interrupted)
+	}
 	if c.Repeat > 1 {
 		fmt.Fprintf(&b, "- %d repetitions, each a floor and then the rounds: every cell is the median over the repetitions, "+
 			"its ratio the median of the repetitions' own ratios (value ÷ that repetition's floor), then the range in brackets\n", c.Repeat)
@@ -397,7 +412,7 @@ func (r *result) table() string {
 			switch {
 			case cell.Value != nil && cell.Ratio != nil:
 				s = fmt.Sprintf("%s (%s×)", num(*cell.Value), num(*cell.Ratio))
-				if len(cell.Ratios) > 1 {
+				if len(cell.Ratios) > 1 && slices.Min(cell.Ratios) != slices.Max(cell.Ratios) {
 					s = fmt.Sprintf("%s (%s×; %s×–%s×)", num(*cell.Value), num(*cell.Ratio), num(slices.Min(cell.Ratios)), num(slices.Max(cell.Ratios)))
 				}
 			case cell.Value != nil:
@@ -458,9 +473,9 @@ func (r *result) defaultsLine() string {
 }
 
 // spread is " (min–max)" of vs with unit appended to each bound, or ""
-// for fewer than two values.
+// for fewer than two values or when they are all equal.
 func spread(vs []float64, unit string) string {
-	if len(vs) < 2 {
+	if len(vs) < 2 || slices.Min(vs) == slices.Max(vs) {
 		return ""
 	}
 	return fmt.Sprintf(" (%s%s–%s%s)", num(slices.Min(vs)), unit, num(slices.Max(vs)), unit)
@@ -471,7 +486,7 @@ func (r *result) repTag(rep int) string {
 	if r.Config.Repeat < 2 {
 		return ""
 	}
-	return fmt.Sprintf(", repetition %d", rep+1)
+	return fmt.Sprintf(", repetition %d", rep)
 }
 
 func plural(n int) string {

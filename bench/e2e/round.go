@@ -26,7 +26,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	idx := len(b.result.Rounds)
 	tag := fmt.Sprintf("w=%d", r.Workers)
 	if b.cfg.Repeat > 1 {
-		tag = fmt.Sprintf("rep %d, w=%d", r.Repeat+1, r.Workers)
+		tag = fmt.Sprintf("rep %d, w=%d", r.Repeat, r.Workers)
 	}
 	ns := fmt.Sprintf("bench-r%d-w%d", idx, r.Workers)
 	dir := filepath.Join(b.dir, fmt.Sprintf("round%d-w%d", idx, r.Workers))
@@ -217,7 +217,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	if api1, err := b.scrape(rctx); err == nil && api0 != nil {
 		r.DeleteAPI = api1.Sub(api0)
 	}
-	b.logf("%s: delete fan-out CPU: %s; API requests: %s", tag, r.DeleteCPU, r.DeleteAPI)
+	b.logf("%s: delete fan-out CPU: %s; API requests answered by the last watch event: %s", tag, r.DeleteCPU, r.DeleteAPI)
 
 	// 8. worker memory after the run.
 	for _, p := range workers {
