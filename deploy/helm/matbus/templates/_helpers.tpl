@@ -119,6 +119,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.common.kubeQPS | quote }}
 - name: MATBUS_KUBE_BURST
   value: {{ .Values.common.kubeBurst | quote }}
+- name: MATBUS_KUBE_COMPRESSION
+  value: {{ .Values.common.kubeCompression | quote }}
 - name: MATBUS_HEALTH_ADDR
   value: {{ printf ":%v" .Values.common.healthPort | quote }}
 {{- end }}
