@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/procfs"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -24,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/flowcontrol"
 
+	"github.com/matbus/matbus/bench/internal/load"
 	"github.com/matbus/matbus/kubelocal"
 )
 
@@ -139,10 +139,6 @@ func run(ctx context.Context, cfg *config, out io.Writer) error {
 		return err
 	}
 	defer cl.Stop()
-	pid, err := childPID("kube-apiserver")
-	if err != nil {
-		return err
-	}
 	raw, err := client(cl.RESTConfig(), -1, false)
 	if err != nil {
 		return err
@@ -152,7 +148,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) error {
 		return fmt.Errorf("create namespace: %w", err)
 	}
 	svcs := services(ns, cfg.services)
-	idle, err := cpuOver(ctx, pid, 5*time.Second)
+	idle, err := apiCores(ctx, 5*time.Second)
 	if err != nil {
 		return err
 	}
@@ -168,7 +164,7 @@ func run(ctx context.Context, cfg *config, out io.Writer) error {
 			}); err != nil {
 				return fmt.Errorf("create: %w", err)
 			}
-			res, err := deleteAll(ctx, cl.RESTConfig(), pid, ns, svcs, v)
+			res, err := deleteAll(ctx, cl.RESTConfig(), ns, svcs, v)
 			if err != nil {
 				return fmt.Errorf("%s: %w", v.Name, err)
 			}
@@ -183,7 +179,7 @@ type result struct{ wall, cpu float64 }
 
 // deleteAll deletes svcs the way v says and measures the wall time and the
 // API server's CPU seconds meanwhile.
-func deleteAll(ctx context.Context, base *rest.Config, pid int, ns string, svcs []*corev1.Service, v variant) (result, error) {
+func deleteAll(ctx context.Context, base *rest.Config, ns string, svcs []*corev1.Service, v variant) (result, error) {
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	for range v.Watchers {
@@ -209,7 +205,7 @@ func deleteAll(ctx context.Context, base *rest.Config, pid int, ns string, svcs 
 	if v.Rate > 0 {
 		limiter = flowcontrol.NewTokenBucketRateLimiter(float32(v.Rate), 1)
 	}
-	cpu0, err := cpuSeconds(pid)
+	cpu0, err := load.SampleCPU()
 	if err != nil {
 		return result{}, err
 	}
@@ -229,42 +225,51 @@ func deleteAll(ctx context.Context, base *rest.Config, pid int, ns string, svcs 
 		return c.CoreV1().Services(ns).Delete(ctx, s.Name, metav1.DeleteOptions{})
 	})
 	wall := time.Since(start).Seconds()
-	cpu1, cerr := cpuSeconds(pid)
-	if err = errors.Join(err, cerr); err != nil {
+	if err != nil {
 		return result{}, err
 	}
-	return result{wall: wall, cpu: cpu1 - cpu0}, nil
+	return result{wall: wall, cpu: cpu0.Since(wall).ByProg[apiServer]}, nil
 }
 
-// each runs call for every Service with k calls in flight and returns the
-// first error (after all calls ended).
+// apiServer is the program whose CPU time is measured (the kernel's comm).
+const apiServer = "kube-apiserver"
+
+// apiCores is the CPU use over d of the kube-apiserver this process
+// started, in cores.
+func apiCores(ctx context.Context, d time.Duration) (float64, error) {
+	s, err := load.SampleCPU()
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-ctx.Done():
+		return 0, context.Cause(ctx)
+	case <-time.After(d):
+	}
+	return s.Since(d.Seconds()).ByProg[apiServer] / d.Seconds(), nil
+}
+
+// each runs call for every Service with k calls in flight (load.InParallel)
+// and returns the first error, after all calls ended.
 func each(ctx context.Context, k int, svcs []*corev1.Service, call func(context.Context, *corev1.Service) error) error {
 	var (
-		wg    sync.WaitGroup
 		mu    sync.Mutex
 		first error
 	)
-	next := make(chan *corev1.Service)
-	for range min(k, len(svcs)) {
-		wg.Add(1)
-		go func() { // ends when next is closed
-			defer wg.Done()
-			for s := range next {
-				if err := call(ctx, s); err != nil {
-					mu.Lock()
-					if first == nil {
-						first = fmt.Errorf("%s: %w", s.Name, err)
-					}
-					mu.Unlock()
-				}
+	load.InParallel(ctx, k, len(svcs), func(ctx context.Context, i int) error {
+		err := call(ctx, svcs[i])
+		if err != nil {
+			mu.Lock()
+			if first == nil {
+				first = fmt.Errorf("%s: %w", svcs[i].Name, err)
 			}
-		}()
+			mu.Unlock()
+		}
+		return err
+	})
+	if first == nil && ctx.Err() != nil {
+		return context.Cause(ctx)
 	}
-	for _, s := range svcs {
-		next <- s
-	}
-	close(next)
-	wg.Wait()
 	return first
 }
 
@@ -290,65 +295,4 @@ func services(ns string, n int) []*corev1.Service {
 		}
 	}
 	return out
-}
-
-// childPID finds the process named comm among this process's descendants.
-func childPID(comm string) (int, error) {
-	fs, err := procfs.NewDefaultFS()
-	if err != nil {
-		return 0, fmt.Errorf("open /proc: %w", err)
-	}
-	all, err := fs.AllProcs()
-	if err != nil {
-		return 0, fmt.Errorf("list /proc: %w", err)
-	}
-	parent := map[int]int{}
-	var cands []int
-	for _, p := range all {
-		st, err := p.Stat()
-		if err != nil {
-			continue
-		}
-		parent[p.PID] = st.PPID
-		if st.Comm == comm {
-			cands = append(cands, p.PID)
-		}
-	}
-	self := os.Getpid()
-	for _, pid := range cands {
-		for anc, i := parent[pid], 0; anc > 1 && i < 16; anc, i = parent[anc], i+1 {
-			if anc == self {
-				return pid, nil
-			}
-		}
-	}
-	return 0, fmt.Errorf("no %s process started by this one", comm)
-}
-
-// cpuSeconds is pid's user+system CPU time.
-func cpuSeconds(pid int) (float64, error) {
-	p, err := procfs.NewProc(pid)
-	if err != nil {
-		return 0, err
-	}
-	st, err := p.Stat()
-	if err != nil {
-		return 0, fmt.Errorf("read /proc/%d/stat: %w", pid, err)
-	}
-	return st.CPUTime(), nil
-}
-
-// cpuOver is pid's CPU use over d, in cores.
-func cpuOver(ctx context.Context, pid int, d time.Duration) (float64, error) {
-	c0, err := cpuSeconds(pid)
-	if err != nil {
-		return 0, err
-	}
-	select {
-	case <-ctx.Done():
-		return 0, context.Cause(ctx)
-	case <-time.After(d):
-	}
-	c1, err := cpuSeconds(pid)
-	return (c1 - c0) / d.Seconds(), err
 }

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/matbus/matbus/bench/internal/load"
 )
 
 func TestPercentile(t *testing.T) {
@@ -190,7 +192,7 @@ func TestTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := &result{Config: cfg, Defaults: map[string]map[string]string{"discovery": {"sync-interval": "30s"}},
-		Floors: []*floorResult{{Repeat: 1, Services: 200, Create: timed{Seconds: 2, Calls: 200}, Delete: timed{Seconds: 1, Calls: 200}}},
+		Floors: []*floorResult{{Repeat: 1, Services: 200, Create: load.Timed{Seconds: 2, Calls: 200}, Delete: load.Timed{Seconds: 1, Calls: 200}}},
 		Idle:   &apiWindow{Seconds: 30, PerMinute: 30},
 		Rounds: []*roundResult{
 			{Workers: 1, Repeat: 1, Converge: &phase{Seconds: 8, Count: 200}, Delete: &phase{Seconds: 4, Count: 200},
@@ -225,7 +227,7 @@ func TestTableRepeats(t *testing.T) {
 		t.Fatal(err)
 	}
 	floor := func(rep int, create, del float64) *floorResult {
-		return &floorResult{Repeat: rep, Services: 100, Create: timed{Seconds: create, Calls: 100}, Delete: timed{Seconds: del, Calls: 100}}
+		return &floorResult{Repeat: rep, Services: 100, Create: load.Timed{Seconds: create, Calls: 100}, Delete: load.Timed{Seconds: del, Calls: 100}}
 	}
 	round := func(rep int, converge, del float64) *roundResult {
 		return &roundResult{Workers: 3, Repeat: rep, Converge: &phase{Seconds: converge, Count: 100}, Delete: &phase{Seconds: del, Count: 100}}
@@ -266,23 +268,5 @@ func TestTableRepeats(t *testing.T) {
 		if _, err := parseFlags(args, &strings.Builder{}); err == nil {
 			t.Errorf("%q accepted", args)
 		}
-	}
-}
-
-func TestSampleCPUCountsTheHarness(t *testing.T) {
-	s, err := sampleCPU()
-	if err != nil {
-		t.Skipf("no /proc: %v", err)
-	}
-	start := time.Now()
-	for x := 0; time.Since(start) < 300*time.Millisecond; x++ {
-		_ = x * x
-	}
-	u := s.since(time.Since(start).Seconds())
-	if u == nil || u.ByProg["harness"] < 0.1 {
-		t.Fatalf("CPU of a 300 ms busy loop not counted as the harness's: %v", u)
-	}
-	if u.Busy < u.ByProg["harness"]-0.05 {
-		t.Fatalf("machine busy %.2f s below the harness's own %.2f s", u.Busy, u.ByProg["harness"])
 	}
 }

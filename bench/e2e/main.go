@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/kubelocal"
+
+	"github.com/matbus/matbus/bench/internal/load"
 )
 
 // config is the harness's command line.
@@ -314,9 +316,9 @@ func (b *bench) floor(ctx context.Context, rep int) error {
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	req0, _ := b.scrape(ctx)
-	cpu0, _ := sampleCPU()
+	cpu0, _ := load.SampleCPU()
 	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight)
-	f.DeleteCPU = cpu0.since(f.Delete.Seconds)
+	f.DeleteCPU = cpu0.Since(f.Delete.Seconds)
 	cancel()
 	if req1, err := b.scrape(ctx); err == nil && req0 != nil {
 		f.DeleteAPI = req1.Sub(req0)

@@ -5,6 +5,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/matbus/matbus/bench/internal/load"
 )
 
 // result is everything one run measured; it is what --json writes.
@@ -28,9 +30,9 @@ type result struct {
 type floorResult struct {
 	Repeat    int           `json:"repeat"` // repetition, from 1
 	Services  int           `json:"services"`
-	Create    timed         `json:"create"`
-	Delete    timed         `json:"delete"`
-	DeleteCPU *cpuUse       `json:"delete_cpu,omitempty"`
+	Create    load.Timed    `json:"create"`
+	Delete    load.Timed    `json:"delete"`
+	DeleteCPU *load.CPUUse  `json:"delete_cpu,omitempty"`
 	DeleteAPI requestCounts `json:"delete_api_requests,omitempty"` // the API server's requests during the deletes
 }
 
@@ -91,7 +93,7 @@ type roundResult struct {
 	Grow                  *phase        `json:"grow,omitempty"`
 	Shrink                *phase        `json:"shrink,omitempty"`
 	Delete                *phase        `json:"delete,omitempty"`
-	DeleteCPU             *cpuUse       `json:"delete_cpu,omitempty"`
+	DeleteCPU             *load.CPUUse  `json:"delete_cpu,omitempty"`
 	DeleteAPI             requestCounts `json:"delete_api_requests,omitempty"` // the API server's requests during the fan-out
 	Reactions             *reactions    `json:"reactions,omitempty"`
 	API                   *apiWindow    `json:"steady_api,omitempty"`
@@ -504,9 +506,9 @@ func orNone(s string) string {
 }
 
 // cpuRow is the CPU milliseconds one program spent per deleted Service
-// during the delete fan-out (floor: the raw deletes), from cpuUse.
+// during the delete fan-out (floor: the raw deletes), from load.CPUUse.
 func cpuRow(prog string) rowDef {
-	per := func(u *cpuUse, n int) *float64 {
+	per := func(u *load.CPUUse, n int) *float64 {
 		if u == nil || n == 0 {
 			return nil
 		}

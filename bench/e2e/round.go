@@ -13,6 +13,8 @@ import (
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
+
+	"github.com/matbus/matbus/bench/internal/load"
 )
 
 // settle is the pause between the last reaction and the steady window.
@@ -203,7 +205,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	w = tr.Expect(all, false)
 	api0, _ := b.scrape(rctx)
 	t0 = time.Now()
-	cpu0, _ := sampleCPU()
+	cpu0, _ := load.SampleCPU()
 	for i, s := range sims {
 		empty := &matsim.Fleet{InventoryID: cur[i].InventoryID}
 		if err := s.SetFleet(empty); err != nil {
@@ -213,7 +215,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 	r.Delete = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("delete fan-out: %d Services", len(all)))
 	r.Delete.Count = len(all)
-	r.DeleteCPU = cpu0.since(time.Since(t0).Seconds())
+	r.DeleteCPU = cpu0.Since(time.Since(t0).Seconds())
 	if api1, err := b.scrape(rctx); err == nil && api0 != nil {
 		r.DeleteAPI = api1.Sub(api0)
 	}

@@ -1,4 +1,4 @@
-package main
+package load
 
 import (
 	"fmt"
@@ -9,28 +9,29 @@ import (
 	"github.com/prometheus/procfs"
 )
 
-// cpuUse is CPU time spent over one phase: seconds of user+system time by
+// CPUUse is CPU time spent over one phase: seconds of user+system time by
 // program (the kernel's comm: kube-apiserver, etcd, nats-server, matbus, and
 // the harness itself as "harness"), summed over the harness and every
 // process it started; Busy is the whole machine's busy CPU seconds over the
 // same wall time (other programs' load shows as Busy above the sum).
-type cpuUse struct {
+type CPUUse struct {
 	Wall   float64            `json:"wall_seconds"`
 	Busy   float64            `json:"machine_busy_seconds"`
 	ByProg map[string]float64 `json:"by_program_seconds"`
 }
 
-// cpuSample is one reading of cpu counters.
-type cpuSample struct {
+// CPUSample is one reading of the CPU counters (SampleCPU); Since turns
+// two readings into a CPUUse.
+type CPUSample struct {
 	byProg map[string]float64
 	busy   float64
 }
 
-// sampleCPU reads the CPU seconds of the harness and its descendants from
+// SampleCPU reads the CPU seconds of the harness and its descendants from
 // /proc (prometheus/procfs), grouped by program, and the machine's busy
 // seconds from /proc/stat. Errors: /proc unreadable (not Linux).
-func sampleCPU() (cpuSample, error) {
-	s := cpuSample{byProg: map[string]float64{}}
+func SampleCPU() (CPUSample, error) {
+	s := CPUSample{byProg: map[string]float64{}}
 	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return s, fmt.Errorf("open /proc: %w", err)
@@ -84,14 +85,14 @@ func sampleCPU() (cpuSample, error) {
 	return s, nil
 }
 
-// since is the CPU use from s to now over wall seconds; nil when /proc
+// Since is the CPU use from s to now over wall seconds; nil when /proc
 // cannot be read.
-func (s cpuSample) since(wall float64) *cpuUse {
-	now, err := sampleCPU()
+func (s CPUSample) Since(wall float64) *CPUUse {
+	now, err := SampleCPU()
 	if err != nil || s.byProg == nil {
 		return nil
 	}
-	u := &cpuUse{Wall: wall, Busy: now.busy - s.busy, ByProg: map[string]float64{}}
+	u := &CPUUse{Wall: wall, Busy: now.busy - s.busy, ByProg: map[string]float64{}}
 	for k, v := range now.byProg {
 		if d := v - s.byProg[k]; d > 0 {
 			u.ByProg[k] = d
@@ -102,7 +103,7 @@ func (s cpuSample) since(wall float64) *cpuUse {
 
 // String is "kube-apiserver 40.1 s, etcd 12.0 s, …; machine busy 1.8 of
 // the wall's cores" style, largest first.
-func (u *cpuUse) String() string {
+func (u *CPUUse) String() string {
 	if u == nil {
 		return "not measured"
 	}
