@@ -42,12 +42,17 @@ func (w *world) startStaticDiscoveryProc(ident string, insts []*instance, extra 
 // log, and comes back (another event) once it answers again.
 func TestFairnessWithFailingInstances(t *testing.T) {
 	w := newWorld(t)
+	const matTimeout = 3 * time.Second // the worker's --mat-timeout
 	var healthy, hang, fail500 []*instance
 	for _, n := range []string{"a-healthy-0", "a-healthy-1", "z-healthy-0", "z-healthy-1"} {
 		healthy = append(healthy, w.newInstance(n, fleetSpec{hosts: 5, switches: 1, shelves: 1}, 0))
 	}
 	for i := range 20 {
 		in := w.newInstance(fmt.Sprintf("m-fail-%02d", i), fleetSpec{hosts: 1}, 0)
+		// A hung request is closed by the worker at matTimeout; the sim
+		// may notice a little later, when the next job's request can
+		// already be there. Half a second of that lag is not counted.
+		in.setClientLife(matTimeout - 500*time.Millisecond)
 		if i%2 == 0 {
 			in.sim.SetFault(matsim.FaultHang)
 			hang = append(hang, in)
@@ -57,7 +62,7 @@ func TestFairnessWithFailingInstances(t *testing.T) {
 		}
 	}
 	all := append(append(append([]*instance{}, healthy...), hang...), fail500...)
-	w.startWorker("w1", "--jobs", "2", "--mat-timeout", "3s")
+	w.startWorker("w1", "--jobs", "2", "--mat-timeout", matTimeout.String())
 	start := time.Now()
 	disc := w.startStaticDiscoveryProc("d1", all)
 
@@ -155,4 +160,42 @@ func (s *errSink) has(key, text string) bool {
 		}
 	}
 	return false
+}
+
+// TestRequestOverlapCount checks the measure the fairness test relies on:
+// requests that overlap count, one the client has given up on does not.
+func TestRequestOverlapCount(t *testing.T) {
+	t0 := time.Now()
+	in := &instance{reqs: map[uint64]time.Time{}}
+	in.setClientLife(2500 * time.Millisecond)
+	endA := in.requestStarted(t0)
+	endB := in.requestStarted(t0.Add(2 * time.Second)) // A's client still waits
+	if got := in.maxInflight.Load(); got != 2 {
+		t.Errorf("two requests within the client's life: max %d, want 2", got)
+	}
+	endA()
+	endB()
+
+	in = &instance{reqs: map[uint64]time.Time{}}
+	in.setClientLife(2500 * time.Millisecond)
+	endA = in.requestStarted(t0)
+	endB = in.requestStarted(t0.Add(2600 * time.Millisecond)) // A's client gave up; A not yet ended here
+	if got := in.maxInflight.Load(); got != 1 {
+		t.Errorf("a request past its client's life counted as open: max %d, want 1", got)
+	}
+	endB()
+	endC := in.requestStarted(t0.Add(2700 * time.Millisecond))
+	endA()
+	endC()
+	if got := in.maxInflight.Load(); got != 1 {
+		t.Errorf("after B ended: max %d, want 1", got)
+	}
+
+	in = &instance{reqs: map[uint64]time.Time{}} // no client life: open until served
+	endA = in.requestStarted(t0)
+	in.requestStarted(t0.Add(time.Hour))()
+	endA()
+	if got := in.maxInflight.Load(); got != 2 {
+		t.Errorf("without a client life: max %d, want 2", got)
+	}
 }

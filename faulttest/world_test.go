@@ -377,9 +377,48 @@ type instance struct {
 	srv   *http.Server
 	open  atomic.Int64
 	total atomic.Int64
-	// inflight counts status requests being served; maxInflight is its
-	// highest value so far.
-	inflight, maxInflight atomic.Int64
+	// reqs holds the arrival time of each status request being served.
+	// maxInflight is the most requests open at once as the client saw
+	// them: with clientLife set, a request served for longer than that no
+	// longer counts, because its client has given up (a timeout) and the
+	// server is only late in noticing the closed connection.
+	reqMu       sync.Mutex
+	reqs        map[uint64]time.Time
+	reqSeq      uint64
+	clientLife  time.Duration
+	maxInflight atomic.Int64
+}
+
+// setClientLife sets how long a client waits for one status at most (see
+// instance.clientLife); 0 counts a request as open until it is served.
+func (in *instance) setClientLife(d time.Duration) {
+	in.reqMu.Lock()
+	in.clientLife = d
+	in.reqMu.Unlock()
+}
+
+// requestStarted records a status request that arrived at now and raises
+// maxInflight to the number open with it; the returned func records its end.
+func (in *instance) requestStarted(now time.Time) (done func()) {
+	in.reqMu.Lock()
+	defer in.reqMu.Unlock()
+	n := int64(1)
+	for _, at := range in.reqs {
+		if in.clientLife == 0 || now.Sub(at) < in.clientLife {
+			n++
+		}
+	}
+	if n > in.maxInflight.Load() {
+		in.maxInflight.Store(n)
+	}
+	in.reqSeq++
+	id := in.reqSeq
+	in.reqs[id] = now
+	return func() {
+		in.reqMu.Lock()
+		delete(in.reqs, id)
+		in.reqMu.Unlock()
+	}
 }
 
 var subnetBlock atomic.Int64 // /22 blocks handed out from 10.100.0.0
@@ -421,21 +460,14 @@ func (w *world) newInstance(name string, spec fleetSpec, slow time.Duration) *in
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	in := &instance{w: w, name: name, sim: sim, fleet: fleet}
+	in := &instance{w: w, name: name, sim: sim, fleet: fleet, reqs: map[uint64]time.Time{}}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	in.url = "http://" + ln.Addr().String()
 	counting := http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		n := in.inflight.Add(1)
-		defer in.inflight.Add(-1)
-		for {
-			m := in.maxInflight.Load()
-			if n <= m || in.maxInflight.CompareAndSwap(m, n) {
-				break
-			}
-		}
+		defer in.requestStarted(time.Now())()
 		sim.ServeHTTP(rw, r)
 	})
 	in.srv = &http.Server{Handler: counting, ReadHeaderTimeout: 10 * time.Second,
