@@ -71,7 +71,7 @@ func runFakeWorkers(t *testing.T, b *events.Bus, answer func(job events.SyncJob,
 		f.mu.Unlock()
 		if r := answer(job, env.ID); r != nil {
 			r.Key, r.JobID = job.Key, env.ID
-			if err := b.PublishResult(env.ID+":r", *r); err != nil {
+			if err := b.PublishResult(env.ID+":r", *r); err != nil && ctx.Err() == nil {
 				t.Errorf("publish result: %v", err)
 			}
 		}
@@ -79,7 +79,18 @@ func runFakeWorkers(t *testing.T, b *events.Bus, answer func(job events.SyncJob,
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cc.Stop(); cancel() })
+	// A callback can still be running when the test ends: it must not
+	// outlive the test or report the bus closing under it as a failure.
+	t.Cleanup(func() {
+		cancel()
+		closed := cc.Closed() // taken before Stop, it closes once the last callback has returned
+		cc.Stop()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Error("a fake worker's callback did not return within 10s of the test's end")
+		}
+	})
 	return f
 }
 
