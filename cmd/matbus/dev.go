@@ -125,7 +125,11 @@ func runDev(ctx context.Context, args []string, e env) error {
 	}
 	defer ns.Shutdown()
 	n.url = ns.ClientURL()
-	fmt.Fprintf(out, "NATS with JetStream      %s   (watch errors: nats sub '%s')\n", n.url, events.Subjects{Prefix: n.prefix}.Errors())
+	watch := "bin/matbus errors --nats-url " + n.url
+	if n.prefix != events.DefaultPrefix {
+		watch += " --subject-prefix " + n.prefix
+	}
+	fmt.Fprintf(out, "NATS with JetStream      %s   (watch errors: %s)\n", n.url, watch)
 
 	// 2. Kubernetes.
 	var cfg *rest.Config
