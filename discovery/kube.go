@@ -31,7 +31,22 @@ const (
 	URLAnnotation = "matbus.io/mat-url"
 	// OwnerSuffix is cut from the Service name to get the MAT Deployment name.
 	OwnerSuffix = "-bmc-mock"
+	// DefaultClusterDomain is the cluster's DNS domain unless
+	// KubeConfig.ClusterDomain says otherwise (`--cluster-domain`).
+	DefaultClusterDomain = "cluster.local"
 )
+
+// ServiceDNSName returns the in-cluster DNS name of a Service,
+// "<name>.<namespace>.svc.<clusterDomain>" (clusterDomain "" means
+// DefaultClusterDomain), e.g. "mat-0-bmc-mock.mat-system.svc.cluster.local":
+// the name the old controller connects to and the one certificates issued in
+// clusters (cert-manager) carry.
+func ServiceDNSName(name, namespace, clusterDomain string) string {
+	if clusterDomain == "" {
+		clusterDomain = DefaultClusterDomain
+	}
+	return name + "." + namespace + ".svc." + clusterDomain
+}
 
 // KubeConfig configures a KubeSource.
 type KubeConfig struct {
@@ -44,6 +59,9 @@ type KubeConfig struct {
 	// HostMode is "cluster-ip" (default: the Service's spec.clusterIP) or
 	// "dns" (<name>.<namespace>.svc).
 	HostMode string
+	// ClusterDomain is the cluster's DNS domain used in DNS names (see
+	// ServiceDNSName); "" means DefaultClusterDomain.
+	ClusterDomain string
 }
 
 // KubeSource discovers MAT instances as Kubernetes Services matching a label

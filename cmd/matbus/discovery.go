@@ -20,6 +20,7 @@ import (
 // discoveryOpts are the publisher's flags; `dev` shares some.
 type discoveryOpts struct {
 	selector, scheme, hostMode       string
+	clusterDomain                    string
 	static                           givenList
 	staticFile, staticName           string
 	interval, poll, probeMax         time.Duration
@@ -36,6 +37,7 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.selector, "discovery-selector", discovery.DefaultSelector, "label selector of the MAT API Services to discover")
 	fs.StringVar(&o.scheme, "mat-scheme", "https", "scheme of discovered MAT API URLs: https or http")
 	fs.StringVar(&o.hostMode, "mat-host-mode", "cluster-ip", "host of discovered MAT API URLs: cluster-ip or dns (<name>.<namespace>.svc)")
+	fs.StringVar(&o.clusterDomain, "cluster-domain", discovery.DefaultClusterDomain, "the cluster's DNS domain, in MAT URLs <service>.<namespace>.svc.<domain>")
 	fs.Var(&o.static, "static", "static instances instead of Kubernetes discovery: [namespace/]name=url, repeatable or comma separated")
 	fs.StringVar(&o.staticFile, "static-file", "", "YAML/JSON list of static instances ({namespace, name, url, pod_name, owner})")
 	fs.StringVar(&o.staticName, "static-name", "static", "scope name of the static source; publishers of different scopes never report each other's instances gone")
@@ -119,7 +121,7 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 		rep.Report(context.Background(), events.Error{Kind: events.ErrorDiscovery, Instance: key, Message: msg})
 	}
 	src, err := discovery.NewKube(kube, discovery.KubeConfig{Namespace: namespace, Selector: o.selector,
-		Scheme: o.scheme, HostMode: o.hostMode}, log, report)
+		Scheme: o.scheme, HostMode: o.hostMode, ClusterDomain: o.clusterDomain}, log, report)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
