@@ -123,9 +123,11 @@ const (
 // ServiceName(MachineTypeOf(kind), mat_id), in opts.Namespace:
 //
 //   - labels (values through LabelValue): LabelManagedBy = opts.ManagedBy
-//     (default DefaultManagedBy), LabelInstance = inst.Key, LabelMatID,
-//     LabelMachineID (when known), LabelMachineType, LabelParentMatID (DPUs:
-//     the host's mat_id), LabelPodName (when inst.PodName is set);
+//     (default DefaultManagedBy), LabelMatID, LabelMachineID (when known),
+//     LabelMachineType (the ContractType: host, dpu), LabelParentID (DPUs:
+//     the host's mat_id); and matbus's additions LabelInstance = inst.Key,
+//     LabelDeviceKind (host, dpu, switch, power-shelf), LabelPodName (when
+//     inst.PodName is set);
 //   - annotations: AnnotationMatID (full mat_id), AnnotationBMCIP,
 //     AnnotationRedfishPort, AnnotationIPMIPort and AnnotationSSHPort when
 //     the port is in the Service (listen ports, decimal),
@@ -148,8 +150,8 @@ const (
 //
 // A switch (device kind switch) with an NVOS IP also gets an NVOS Service
 // named NVOSServiceName(mat_id), whether or not its BMC has an IP: the same
-// labels with LabelMachineType "nvos" and no LabelMachineID or
-// LabelParentMatID; annotations AnnotationMatID, AnnotationNVOSIP and
+// labels with LabelMachineType and LabelDeviceKind "nvos" and no
+// LabelMachineID or LabelParentID; annotations AnnotationMatID, AnnotationNVOSIP and
 // AnnotationHardwareType (when non-empty); one port "nmxc" TCP NMXCPort
 // (9370) → the Redfish listen port; the NVOS IP placed like a BMC IP per
 // mode; the same selector and owner. Other devices that report an NVOS IP
@@ -334,13 +336,14 @@ func (s sharedFields) service(name string, typ MachineType, dev, parent *matclie
 		LabelManagedBy:   s.managedBy,
 		LabelInstance:    s.instance,
 		LabelMatID:       LabelValue(dev.MatID),
-		LabelMachineType: string(typ),
+		LabelMachineType: typ.ContractType(),
+		LabelDeviceKind:  string(typ),
 	}
 	if dev.MachineID != "" {
 		labels[LabelMachineID] = LabelValue(dev.MachineID)
 	}
 	if typ == MachineTypeDPU && parent != nil {
-		labels[LabelParentMatID] = LabelValue(parent.MatID)
+		labels[LabelParentID] = LabelValue(parent.MatID)
 	}
 	if s.pod != "" {
 		labels[LabelPodName] = s.pod
@@ -377,7 +380,8 @@ func (s sharedFields) nvosService(name string, dev *matclient.Device) *corev1.Se
 		LabelManagedBy:   s.managedBy,
 		LabelInstance:    s.instance,
 		LabelMatID:       LabelValue(dev.MatID),
-		LabelMachineType: string(MachineTypeNVOS),
+		LabelMachineType: MachineTypeNVOS.ContractType(),
+		LabelDeviceKind:  string(MachineTypeNVOS),
 	}
 	if s.pod != "" {
 		labels[LabelPodName] = s.pod

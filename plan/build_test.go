@@ -49,6 +49,7 @@ func TestBuildV2MixedService(t *testing.T) {
 					LabelMatID:       "7ec7b7c3-126b-412a-babf-fd79d002e921",
 					LabelMachineID:   "fm100ht0idt7gv8tp1vb97bfpb2bu6gujcr88as2p19ucii8sgev7oe1jav",
 					LabelMachineType: "host",
+					LabelDeviceKind:  "host",
 				},
 				Annotations: map[string]string{
 					AnnotationMatID:        "7ec7b7c3-126b-412a-babf-fd79d002e921",
@@ -174,11 +175,12 @@ func TestBuildV2Mixed(t *testing.T) {
 					continue // TestBuildNVOS
 				}
 				w := want[s.Name]
-				if s.Labels[LabelMachineType] != w.typ || s.Labels[LabelParentMatID] != w.parent ||
+				if s.Labels[LabelDeviceKind] != w.typ || s.Labels[LabelMachineType] != MachineType(w.typ).ContractType() ||
+					s.Labels[LabelParentID] != w.parent ||
 					s.Annotations[AnnotationBMCIP] != w.ip || s.Annotations[AnnotationHardwareType] != w.hw {
 					t.Errorf("%s: labels %v annotations %v", s.Name, s.Labels, s.Annotations)
 				}
-				if _, ok := s.Labels[LabelParentMatID]; ok != (w.parent != "") {
+				if _, ok := s.Labels[LabelParentID]; ok != (w.parent != "") {
 					t.Errorf("%s: parent label present = %v", s.Name, ok)
 				}
 				if s.Labels[LabelMatID] != s.Annotations[AnnotationMatID] {

@@ -497,8 +497,8 @@ func TestDiffOverlay(t *testing.T) {
 			mode: IPModeClusterIP,
 			mutate: func(s *corev1.Service) {
 				s.Labels["team"] = "infra"
-				s.Labels[LabelMachineType] = "dpu"   // ours, wrong
-				s.Labels[LabelParentMatID] = "stray" // ours, not desired
+				s.Labels[LabelMachineType] = "dpu" // ours, wrong
+				s.Labels[LabelParentID] = "stray"  // ours, not desired
 				s.Annotations["note"] = "keep me"
 				s.Annotations[AnnotationIPMIPort] = "623" // ours, not desired
 				s.OwnerReferences = append([]metav1.OwnerReference{otherOwner}, s.OwnerReferences...)
@@ -510,7 +510,7 @@ func TestDiffOverlay(t *testing.T) {
 				if n.Labels["team"] != "infra" || n.Annotations["note"] != "keep me" || n.Labels[LabelMachineType] != "host" {
 					t.Errorf("meta %v %v", n.Labels, n.Annotations)
 				}
-				if _, ok := n.Labels[LabelParentMatID]; ok {
+				if _, ok := n.Labels[LabelParentID]; ok {
 					t.Error("stray parent label kept")
 				}
 				if _, ok := n.Annotations[AnnotationIPMIPort]; ok {

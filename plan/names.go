@@ -8,7 +8,7 @@ import (
 )
 
 // MachineType is the kind of device a Service fronts, as written in
-// LabelMachineType.
+// LabelDeviceKind; LabelMachineType carries its ContractType.
 type MachineType string
 
 // Machine types, from matclient.DeviceKind machine, dpu, switch and
@@ -37,6 +37,17 @@ func MachineTypeOf(k matclient.DeviceKind) MachineType {
 	default:
 		return MachineTypeHost
 	}
+}
+
+// ContractType is the machine type as the old controller writes it in
+// LabelMachineType: "dpu", "nvos", and "host" for everything else (hosts,
+// switches, power shelves).
+func (t MachineType) ContractType() string {
+	switch t {
+	case MachineTypeDPU, MachineTypeNVOS:
+		return string(t)
+	}
+	return string(MachineTypeHost)
 }
 
 // nameToken is the type part of a Service name. The old controller only knew

@@ -31,6 +31,7 @@ func TestBuildNVOS(t *testing.T) {
 					LabelInstance:    "mat-ns.mat-bmc-mock",
 					LabelMatID:       nd5200,
 					LabelMachineType: "nvos",
+					LabelDeviceKind:  "nvos",
 				},
 				Annotations: map[string]string{
 					AnnotationMatID:        nd5200,

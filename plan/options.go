@@ -71,12 +71,18 @@ type Options struct {
 	// retained.
 	TargetSelector map[string]string
 	// StateAnnotations puts AnnotationAPIState and AnnotationPowerState on
-	// BMC Services (`--enable-state-annotations`). They change whenever a
+	// BMC Services (`--enable-state-annotations`, on by default in the
+	// worker: the old controller writes them). They change whenever a
 	// simulated machine powers on or off, so each flip costs a Service
-	// write; off (the default), Build leaves them out and Diff removes them
-	// from Services that still carry them.
+	// write; off, Build leaves them out and Diff removes them from Services
+	// that still carry them.
 	StateAnnotations bool
 }
+
+// DefaultTargetSelector is the old polling controller's selector of the MAT
+// pods (`--target-selector`), so that Services it wrote keep their
+// endpoints when matbus adopts them.
+const DefaultTargetSelector = "app.kubernetes.io/name=nico-machine-a-tron"
 
 // DefaultManagedBy is the old polling controller's managed-by value, so that
 // its Services are adopted without churn.
@@ -99,28 +105,81 @@ func (o Options) ipMode() IPMode {
 }
 
 // Label and annotation keys written on every Service (see Build).
+//
+// The Service is a public contract: users, scripts, dashboards and other
+// controllers select and read these Services by the old polling
+// controller's keys (prefix "nvidia-infra-controller/"), so those keys carry
+// exactly its values. matbus's own facts are additions under "matbus.io/"
+// (docs/adr/0014-old-controller-service-contract.md), never instead.
 const (
-	LabelManagedBy   = "app.kubernetes.io/managed-by"
-	LabelInstance    = "matbus.io/instance"      // LabelValue(Instance.Key)
-	LabelMatID       = "matbus.io/mat-id"        // LabelValue(mat_id)
-	LabelMachineID   = "matbus.io/machine-id"    // LabelValue(machine_id), when known
-	LabelMachineType = "matbus.io/machine-type"  // host, dpu, switch, power-shelf, nvos
-	LabelParentMatID = "matbus.io/parent-mat-id" // LabelValue(host mat_id), DPUs only
-	LabelPodName     = "matbus.io/pod-name"      // LabelValue(Instance.PodName), when set
+	// LabelManagedBy marks the Services matbus may change or delete; its
+	// value is Options.ManagedBy (default DefaultManagedBy, the old
+	// controller's).
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	// LabelMatID is LabelValue(mat_id): the mat_id itself when it is a
+	// valid label value (every UUID), else a stable hashed form (the old
+	// controller's create failed for those).
+	LabelMatID = "nvidia-infra-controller/mat-id"
+	// LabelMachineID is LabelValue(machine_id), when MAT knows it.
+	LabelMachineID = "nvidia-infra-controller/mat-machine-id"
+	// LabelMachineType is "host", "dpu" or "nvos", as the old controller
+	// writes it: switches and power shelves are "host" (LabelDeviceKind has
+	// the finer kind).
+	LabelMachineType = "nvidia-infra-controller/mat-machine-type"
+	// LabelParentID is LabelValue(the host's mat_id), DPUs only.
+	LabelParentID = "nvidia-infra-controller/mat-parent-id"
+
+	// LabelInstance (addition) is LabelValue(Instance.Key): which MAT
+	// instance the Service belongs to (InstanceSelector).
+	LabelInstance = "matbus.io/instance"
+	// LabelDeviceKind (addition) is the finer machine type: host, dpu,
+	// switch, power-shelf or nvos.
+	LabelDeviceKind = "matbus.io/machine-type"
+	// LabelPodName (addition) is LabelValue(Instance.PodName), when set.
+	LabelPodName = "matbus.io/pod-name"
 
 	// PodNameLabel is the selector key for the MAT pod name.
 	PodNameLabel = "nvidia-infra-controller/pod-name"
 
-	AnnotationBMCIP        = "matbus.io/bmc-ip"
-	AnnotationNVOSIP       = "matbus.io/nvos-ip"       // NVOS Services only
-	AnnotationAPIState     = "matbus.io/api-state"     // when non-empty and Options.StateAnnotations
-	AnnotationPowerState   = "matbus.io/power-state"   // when non-empty and Options.StateAnnotations
-	AnnotationHardwareType = "matbus.io/hardware-type" // when non-empty
-	AnnotationRedfishPort  = "matbus.io/redfish-listen-port"
-	AnnotationIPMIPort     = "matbus.io/ipmi-listen-port" // when IPMI is advertised
-	AnnotationSSHPort      = "matbus.io/ssh-listen-port"  // when SSH is advertised
-	// AnnotationMatID is the full mat_id, always (label values may be hashed).
+	// AnnotationBMCIP is the BMC IP (BMC Services).
+	AnnotationBMCIP = "nvidia-infra-controller/mat-bmc-ip"
+	// AnnotationNVOSIP is the switch's NVOS IP (NVOS Services only).
+	AnnotationNVOSIP = "nvidia-infra-controller/mat-nvos-ip"
+	// AnnotationAPIState is MAT's api_state, when non-empty and
+	// Options.StateAnnotations.
+	AnnotationAPIState = "nvidia-infra-controller/mat-api-state"
+	// AnnotationPowerState is MAT's power_state, when non-empty and
+	// Options.StateAnnotations.
+	AnnotationPowerState = "nvidia-infra-controller/mat-power-state"
+	// AnnotationHardwareType is MAT's hardware_type, when non-empty.
+	AnnotationHardwareType = "nvidia-infra-controller/mat-hardware-type"
+	// AnnotationRedfishPort is the Redfish listen port (decimal).
+	AnnotationRedfishPort = "nvidia-infra-controller/mat-redfish-listen-port"
+	// AnnotationIPMIPort is the IPMI listen port, when IPMI is in the Service.
+	AnnotationIPMIPort = "nvidia-infra-controller/mat-ipmi-listen-port"
+	// AnnotationSSHPort is the SSH listen port, when SSH is in the Service.
+	AnnotationSSHPort = "nvidia-infra-controller/mat-ssh-listen-port"
+	// AnnotationMatID (addition) is the full mat_id, always (LabelMatID may
+	// be hashed).
 	AnnotationMatID = "matbus.io/mat-id"
+)
+
+// Keys that matbus versions before the contract wrote instead of the old
+// controller's. Diff owns them, so a Service that still carries them is
+// updated in place (same UID) to the contract at its next sync: they are
+// removed, the contract keys written.
+const (
+	legacyLabelMatID      = "matbus.io/mat-id"
+	legacyLabelMachineID  = "matbus.io/machine-id"
+	legacyLabelParentID   = "matbus.io/parent-mat-id"
+	legacyAnnBMCIP        = "matbus.io/bmc-ip"
+	legacyAnnNVOSIP       = "matbus.io/nvos-ip"
+	legacyAnnAPIState     = "matbus.io/api-state"
+	legacyAnnPowerState   = "matbus.io/power-state"
+	legacyAnnHardwareType = "matbus.io/hardware-type"
+	legacyAnnRedfishPort  = "matbus.io/redfish-listen-port"
+	legacyAnnIPMIPort     = "matbus.io/ipmi-listen-port"
+	legacyAnnSSHPort      = "matbus.io/ssh-listen-port"
 )
 
 // ourLabelKeys and ourAnnotationKeys are the keys plan owns on a Service:
@@ -128,12 +187,15 @@ const (
 // not carry; every other key is foreign and kept.
 var (
 	ourLabelKeys = []string{
-		LabelManagedBy, LabelInstance, LabelMatID, LabelMachineID,
-		LabelMachineType, LabelParentMatID, LabelPodName,
+		LabelManagedBy, LabelMatID, LabelMachineID, LabelMachineType, LabelParentID,
+		LabelInstance, LabelDeviceKind, LabelPodName,
+		legacyLabelMatID, legacyLabelMachineID, legacyLabelParentID,
 	}
 	ourAnnotationKeys = []string{
 		AnnotationBMCIP, AnnotationNVOSIP, AnnotationAPIState, AnnotationPowerState, AnnotationHardwareType,
 		AnnotationRedfishPort, AnnotationIPMIPort, AnnotationSSHPort, AnnotationMatID,
+		legacyAnnBMCIP, legacyAnnNVOSIP, legacyAnnAPIState, legacyAnnPowerState, legacyAnnHardwareType,
+		legacyAnnRedfishPort, legacyAnnIPMIPort, legacyAnnSSHPort,
 	}
 )
 

@@ -324,7 +324,7 @@ func (c *checker) statusIPs(ctx context.Context) []serviceIP {
 	c.add("MAT instances", checkOK, "%d found", len(insts))
 	mcfg := matclient.Config{Timeout: c.w.matTimeout, InsecureSkipVerify: c.w.insecure, UserAgent: "matbus-check/" + version}
 	sel, _ := parseSelector(c.w.targetSelector)
-	opts := plan.Options{Namespace: c.w.namespace, ManagedBy: c.w.managedBy, IPMode: c.mode, TargetSelector: sel}
+	opts := plan.Options{Namespace: c.w.namespace, ManagedBy: c.w.managedBy, IPMode: c.mode, TargetSelector: sel, StateAnnotations: c.w.stateAnnotations}
 	var out []serviceIP
 	for _, in := range insts {
 		name := "MAT status " + in.Key

@@ -264,15 +264,23 @@ func runDev(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	rep := events.NewReporter(pubBus, log.With("component", "discovery"), "dev-discovery", 0)
-	sources := discovery.NewSourceList(time.Second)
+	// The publisher and the sources API's passes share the source, as in
+	// `matbus discovery`.
+	shared := discovery.Share(src)
+	if err := shared.Start(runCtx); err != nil {
+		return err
+	}
 	if sourceListAddr != "" {
+		sources := discovery.NewSourceList(time.Second, log.With("component", "discovery"))
 		addr, _, err := discovery.ServeSources(runCtx, sourceListAddr, sources, log.With("component", "discovery"))
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "Sources API              http://%s%s\n", addr, discovery.SourcesPath)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = sources.Run(runCtx, shared) }()
 	}
-	pub := discovery.NewPublisher(pubBus, src, discovery.PublisherConfig{SyncInterval: interval, Scheduler: discovery.SchedulerConfig{PollInterval: poll}, Sources: sources}, rep, log.With("component", "discovery"))
+	pub := discovery.NewPublisher(pubBus, shared, discovery.PublisherConfig{SyncInterval: interval, Scheduler: discovery.SchedulerConfig{PollInterval: poll}}, rep, log.With("component", "discovery"))
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = pub.Run(runCtx) }()
 
@@ -408,7 +416,7 @@ func watchServices(ctx context.Context, kube kubernetes.Interface, ns, managedBy
 		if len(s.Spec.ExternalIPs) > 0 {
 			ip = "external " + s.Spec.ExternalIPs[0]
 		}
-		fmt.Fprintf(out, "%s service %-42s %-11s %-16s %s\n", op, s.Name, s.Labels[plan.LabelMachineType], ip, s.Labels[plan.LabelInstance])
+		fmt.Fprintf(out, "%s service %-42s %-11s %-16s %s\n", op, s.Name, s.Labels[plan.LabelDeviceKind], ip, s.Labels[plan.LabelInstance])
 	}
 	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(o any) {

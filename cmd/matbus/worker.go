@@ -39,13 +39,13 @@ type workerOpts struct {
 
 func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.namespace, "namespace", "default", "namespace of the BMC Services (and of discovered MAT Services)")
-	fs.StringVar(&o.targetSelector, "target-selector", "app=machine-a-tron", "selector of the MAT pods the BMC Services point at, key=value[,key=value]")
+	fs.StringVar(&o.targetSelector, "target-selector", plan.DefaultTargetSelector, "selector of the MAT pods the BMC Services point at, key=value[,key=value] (the old controller's default; the pod name is added)")
 	fs.StringVar(&o.managedBy, "managed-by", plan.DefaultManagedBy, "value of app.kubernetes.io/managed-by on our Services (the old controller's value, so its Services are adopted)")
 	fs.StringVar(&o.ipMode, "bmc-ip-mode", string(plan.IPModeClusterIP), "where the BMC IP goes: cluster-ip (spec.clusterIP) or external-ip (spec.externalIPs)")
 	fs.StringVar(&o.name, "worker-name", "", "name of this worker in logs and error events (default: $POD_NAME or the host name)")
 	fs.Var(&o.serviceCIDRs, "service-cidr", "the cluster's service IP range(s), to tell an allocated cluster IP (retried) from one out of range (permanent); repeatable")
 	fs.BoolVar(&o.insecure, "insecure-skip-verify", false, "do not verify MAT's TLS certificates (MAT serves self-signed ones)")
-	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", false, "write the API-state and power-state annotations (each power flip then costs a Service write); off removes them at the next sync")
+	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", true, "write the mat-api-state and mat-power-state annotations, as the old controller does (each power flip costs a Service write); false removes them at the next sync")
 	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
 	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
 	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
