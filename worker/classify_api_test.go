@@ -21,6 +21,7 @@ import (
 
 	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/matsim"
+	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
 )
 
@@ -275,7 +276,7 @@ func TestConflictIsRereadAndRetriedSilently(t *testing.T) {
 	waitFor(t, "every Service updated", func() (bool, string) {
 		off := 0
 		for _, s := range e.services() {
-			if s.Annotations["matbus.io/power-state"] == "Off" {
+			if s.Annotations[plan.AnnotationPowerState] == "Off" {
 				off++
 			}
 		}
