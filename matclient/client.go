@@ -63,8 +63,14 @@ type Config struct {
 	// deployments usually need it.
 	InsecureSkipVerify bool
 	// RootCAs, if non-nil, replaces the system roots for verifying the
-	// server certificate (ignored with InsecureSkipVerify).
+	// server certificate (ignored with InsecureSkipVerify). LoadRootCAs
+	// makes one of the system roots plus a private CA bundle.
 	RootCAs *x509.CertPool
+	// DialContext, if non-nil, opens the TCP connections instead of a
+	// net.Dialer (addr is the URL's "host:port"). TLS still verifies the
+	// URL's host name, so tests and tools can serve a DNS name's
+	// certificate from a local address; nil dials addr.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// UserAgent is sent as User-Agent; "" means DefaultUserAgent.
 	UserAgent string
 }
@@ -153,6 +159,9 @@ func New(baseURL string, cfg Config) (*Client, error) {
 	}
 
 	t := newTransport()
+	if cfg.DialContext != nil {
+		t.DialContext = cfg.DialContext
+	}
 	t.TLSClientConfig = &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		RootCAs:            cfg.RootCAs,
@@ -319,7 +328,26 @@ func (e *opError) Error() string {
 		// url.Error repeats method and URL: keep only its cause.
 		msg = ue.Err.Error()
 	}
-	return "matclient: GET " + e.url + ": " + strings.TrimPrefix(msg, "matclient: ")
+	return "matclient: GET " + e.url + ": " + strings.TrimPrefix(msg, "matclient: ") + certHint(e.err)
+}
+
+// certHint adds what Go's x509 errors leave out and an operator needs to
+// fix a refused certificate: the names a certificate holds when an IP
+// address was asked for (" (the certificate names a, b)"), and the issuer
+// of a certificate signed by an unknown authority (` (issuer "CN=ca")`).
+// It is "" for other errors.
+func certHint(err error) string {
+	var hne x509.HostnameError
+	if errors.As(err, &hne) && hne.Certificate != nil && net.ParseIP(hne.Host) != nil && len(hne.Certificate.IPAddresses) == 0 {
+		if names := hne.Certificate.DNSNames; len(names) > 0 {
+			return " (the certificate names " + strings.Join(names, ", ") + ")"
+		}
+	}
+	var uae x509.UnknownAuthorityError
+	if errors.As(err, &uae) && uae.Cert != nil {
+		return fmt.Sprintf(" (issuer %q)", uae.Cert.Issuer.String())
+	}
+	return ""
 }
 
 func (e *opError) Unwrap() error { return e.err }

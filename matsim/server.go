@@ -92,6 +92,14 @@ type Options struct {
 	// or IP addresses).
 	TLS      bool
 	TLSNames []string
+	// TLSCertificate, if non-nil, is served instead of the self-signed
+	// certificate (TLS is then implied; TLSNames is ignored), e.g. one
+	// with DNS names only, signed by a test CA. Its Leaf may be nil.
+	TLSCertificate *tls.Certificate
+	// TLSCertFile and TLSKeyFile (both or neither) name PEM files of a
+	// certificate chain and its key, read at New and served like
+	// TLSCertificate; mutually exclusive with it.
+	TLSCertFile, TLSKeyFile string
 	// SlowDelay is the FaultSlow delay; 0 means DefaultSlowDelay.
 	SlowDelay time.Duration
 	// EpochID is the v2 epoch_id; "" means the time New was called, in
@@ -185,13 +193,13 @@ func New(opts Options) (*Server, error) {
 		}
 		s.fixture = b
 	}
-	if opts.TLS {
-		cert, err := selfSignedCert(opts.TLSNames, time.Now())
-		if err != nil {
-			return nil, err
-		}
+	cert, err := serverCert(opts)
+	if err != nil {
+		return nil, err
+	}
+	if cert != nil {
 		s.cert = cert.Leaf
-		s.tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+		s.tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{*cert}}
 	}
 	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()
@@ -319,12 +327,13 @@ func (s *Server) URL() string {
 	return s.url
 }
 
-// Certificate returns the self-signed server certificate (nil without
-// TLS).
+// Certificate returns the server's leaf certificate, self-signed or given
+// (nil without TLS).
 func (s *Server) Certificate() *x509.Certificate { return s.cert }
 
-// CertPool returns a pool holding only the server certificate, for clients
-// that verify it (nil without TLS).
+// CertPool returns a pool holding only the server's leaf certificate, for
+// clients that verify it (nil without TLS). It verifies a self-signed
+// certificate; one issued by a CA is verified with that CA instead.
 func (s *Server) CertPool() *x509.CertPool {
 	if s.cert == nil {
 		return nil

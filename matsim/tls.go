@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -54,4 +55,46 @@ func selfSignedCert(names []string, now time.Time) (tls.Certificate, error) {
 		return tls.Certificate{}, fmt.Errorf("matsim: tls certificate: %w", err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+// serverCert returns the certificate New serves: the given one, the one
+// of the given files, a self-signed one with opts.TLS, or nil (plain HTTP).
+// The returned certificate's Leaf is set.
+func serverCert(opts Options) (*tls.Certificate, error) {
+	files := opts.TLSCertFile != "" || opts.TLSKeyFile != ""
+	switch {
+	case files && (opts.TLSCertFile == "" || opts.TLSKeyFile == ""):
+		return nil, errors.New("matsim: TLSCertFile and TLSKeyFile go together (both or neither)")
+	case files && opts.TLSCertificate != nil:
+		return nil, errors.New("matsim: TLSCertificate and TLSCertFile/TLSKeyFile are mutually exclusive")
+	case files:
+		cert, err := tls.LoadX509KeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("matsim: TLS certificate %s, key %s: %w", opts.TLSCertFile, opts.TLSKeyFile, err)
+		}
+		return withLeaf(cert)
+	case opts.TLSCertificate != nil:
+		return withLeaf(*opts.TLSCertificate)
+	case opts.TLS:
+		cert, err := selfSignedCert(opts.TLSNames, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		return &cert, nil
+	}
+	return nil, nil
+}
+
+func withLeaf(cert tls.Certificate) (*tls.Certificate, error) {
+	if len(cert.Certificate) == 0 {
+		return nil, errors.New("matsim: TLS certificate without a certificate")
+	}
+	if cert.Leaf == nil {
+		leaf, err := x509.ParseCertificate(cert.Certificate[0])
+		if err != nil {
+			return nil, fmt.Errorf("matsim: TLS certificate: %w", err)
+		}
+		cert.Leaf = leaf
+	}
+	return &cert, nil
 }
