@@ -54,6 +54,14 @@ type Desired struct {
 	// Held are the devices that get no Service this time, sorted by Name,
 	// MatID, then Detail.
 	Held []Hold
+	// ForeignIPs are BMC and NVOS IPs that other instances publish, each
+	// with who publishes it (e.g. `Service mat-bmc-host-x of instance
+	// "ns.mat-b"`). Build leaves it nil; the caller sets it before Diff from
+	// what it knows of the other instances (their Services' IP
+	// annotations). In IPModeExternalIP, Diff recreates a Service whose
+	// allocated spec.clusterIP is one of them, as for the IPs of this
+	// status: that device's traffic would reach the wrong Service.
+	ForeignIPs map[string]string
 	// Warnings are the devices that get a Service, but not all of what MAT
 	// advertises for them (e.g. an endpoint left out), one per device,
 	// sorted by Name then MatID.

@@ -43,6 +43,13 @@ type Plan struct {
 // status, ipFamilies and ipFamilyPolicy cleared).
 type Update struct {
 	Old, New *corev1.Service
+	// Reason says why a Recreate is needed, e.g. "spec.clusterIP 10.96.64.13
+	// is the BMC IP of Service mat-bmc-host-y of instance \"ns.mat-b\"";
+	// "" for updates.
+	Reason string
+	// Foreign is set when Reason is another instance's IP (ForeignIPs):
+	// a conflict worth a warning, not routine.
+	Foreign bool
 }
 
 // Skip is a desired Service name that Diff does not act on, and why, with
@@ -140,15 +147,18 @@ func Diff(d Desired, existing []*corev1.Service, opts Options) Plan {
 	}
 
 	var p Plan
-	// In external-ip mode, every BMC and NVOS IP of the status: a Service
-	// whose allocated clusterIP is one of them takes it from the device
-	// that publishes it.
-	var ips map[string]bool
+	// In external-ip mode, every BMC and NVOS IP of the status and of
+	// other instances (d.ForeignIPs): a Service whose allocated clusterIP
+	// is one of them takes it from the device that publishes it.
+	var ips map[string]ipOwner
 	if mode == IPModeExternalIP {
-		ips = make(map[string]bool, len(d.Services))
+		ips = make(map[string]ipOwner, len(d.Services)+len(d.ForeignIPs))
+		for ip, who := range d.ForeignIPs {
+			ips[ip] = ipOwner{who: who, foreign: true}
+		}
 		for _, want := range d.Services {
 			if ip := bmcIP(want, mode); ip != "" {
-				ips[ip] = true
+				ips[ip] = ipOwner{who: "Service " + want.Name}
 			}
 		}
 	}
@@ -170,7 +180,9 @@ func Diff(d Desired, existing []*corev1.Service, opts Options) Plan {
 		}
 		switch {
 		case needsRecreate(have, want, mode, ips):
-			p.Recreate = append(p.Recreate, Update{Old: have, New: recreated(have, want, mode)})
+			u := Update{Old: have, New: recreated(have, want, mode)}
+			u.Reason, u.Foreign = recreateReason(have, want, mode, ips)
+			p.Recreate = append(p.Recreate, u)
 		case !equalOurs(have, want, mode):
 			n := have.DeepCopy()
 			overlay(n, want, mode)
@@ -273,15 +285,38 @@ func bmcIP(want *corev1.Service, mode IPMode) string {
 	return want.Spec.ClusterIP
 }
 
+// ipOwner is who publishes a BMC or NVOS IP: a desired Service of this
+// status, or another instance's (foreign).
+type ipOwner struct {
+	who     string
+	foreign bool
+}
+
 // needsRecreate reports whether have's spec.clusterIP must change: in
 // external-ip mode when it is want's own IP or one of ips (another
-// device's BMC or NVOS IP), else when it is not want's.
-func needsRecreate(have, want *corev1.Service, mode IPMode, ips map[string]bool) bool {
+// device's BMC or NVOS IP, of this status or another instance's), else
+// when it is not want's.
+func needsRecreate(have, want *corev1.Service, mode IPMode, ips map[string]ipOwner) bool {
 	if mode == IPModeExternalIP {
 		ip := bmcIP(want, mode)
-		return have.Spec.ClusterIP != "" && (ip != "" && have.Spec.ClusterIP == ip || ips[have.Spec.ClusterIP])
+		_, taken := ips[have.Spec.ClusterIP]
+		return have.Spec.ClusterIP != "" && (ip != "" && have.Spec.ClusterIP == ip || taken)
 	}
 	return have.Spec.ClusterIP != want.Spec.ClusterIP
+}
+
+// recreateReason says why needsRecreate holds, and whether the IP is
+// another instance's.
+func recreateReason(have, want *corev1.Service, mode IPMode, ips map[string]ipOwner) (string, bool) {
+	ip := have.Spec.ClusterIP
+	if mode != IPModeExternalIP {
+		return "spec.clusterIP " + ip + " is not the BMC IP " + want.Spec.ClusterIP, false
+	}
+	if ip == bmcIP(want, mode) {
+		return "spec.clusterIP " + ip + " is its own IP (a leftover of cluster-ip mode)", false
+	}
+	o := ips[ip]
+	return "spec.clusterIP " + ip + " is the IP that " + o.who + " publishes", o.foreign
 }
 
 // equalOurs reports whether have already carries want's fields (see Diff).

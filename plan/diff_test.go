@@ -706,8 +706,8 @@ func TestPlanEmpty(t *testing.T) {
 		{"zero", Plan{}, true},
 		{"only skipped", Plan{Skipped: []Skip{{Name: "a"}}}, true},
 		{"create", Plan{Create: []*corev1.Service{s}}, false},
-		{"update", Plan{Update: []Update{{s, s}}}, false},
-		{"recreate", Plan{Recreate: []Update{{s, s}}}, false},
+		{"update", Plan{Update: []Update{{Old: s, New: s}}}, false},
+		{"recreate", Plan{Recreate: []Update{{Old: s, New: s}}}, false},
 		{"delete", Plan{Delete: []*corev1.Service{s}}, false},
 	}
 	for _, tc := range tests {

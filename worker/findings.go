@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/plan"
@@ -42,5 +43,21 @@ func (w *Worker) reportSkipped(ctx context.Context, key string, p plan.Plan) {
 		}
 		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: s.WantMatID,
 			Service: w.cfg.Plan.Namespace + "/" + s.Name, Permanent: true, Message: msg})
+	}
+}
+
+// reportForeignRecreates logs at warn level and publishes a plan error event
+// for each recreate of p whose cluster IP is an IP another instance
+// publishes (plan.Update.Foreign): two instances' Services were fighting
+// over one IP, which the recreate ends.
+func (w *Worker) reportForeignRecreates(ctx context.Context, log *slog.Logger, key string, p plan.Plan) {
+	for _, u := range p.Recreate {
+		if !u.Foreign {
+			continue
+		}
+		msg := fmt.Sprintf("Service %s is recreated for a fresh cluster IP: %s", u.Old.Name, u.Reason)
+		log.Warn("cluster IP taken from another instance's device", "service", u.Old.Name, "reason", u.Reason)
+		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: u.New.Annotations[plan.AnnotationMatID],
+			Service: w.cfg.Plan.Namespace + "/" + u.Old.Name, Message: msg})
 	}
 }

@@ -55,3 +55,55 @@ func (w *Worker) indexed(value string) ([]*corev1.Service, error) {
 	}
 	return out, nil
 }
+
+// byIP names the Service informer's index by the BMC or NVOS IP a Service
+// publishes (plan.ServiceIP of its annotations): a sync in external-ip mode
+// finds whether an allocated cluster IP of its own Services is an IP that
+// another instance publishes in time proportional to its own Services.
+const byIP = "matbus.ip"
+
+// ipIndex indexes a Service by plan.ServiceIP; a Service without one is
+// not indexed.
+func ipIndex(obj any) ([]string, error) {
+	s, ok := obj.(*corev1.Service)
+	if !ok {
+		return nil, fmt.Errorf("worker: index: %T is not a Service", obj)
+	}
+	if ip := plan.ServiceIP(s); ip != "" {
+		return []string{ip}, nil
+	}
+	return nil, nil
+}
+
+// foreignIPs returns, of the cluster IPs of mine (the Services of instance
+// label value inst), those that a Service of another instance publishes as
+// its BMC or NVOS IP, each with who publishes it. nil when none or when the
+// index is missing (nothing is recreated on a guess).
+func (w *Worker) foreignIPs(inst string, mine []*corev1.Service) map[string]string {
+	if w.byInst == nil {
+		return nil
+	}
+	var out map[string]string
+	for _, s := range mine {
+		ip := s.Spec.ClusterIP
+		if ip == "" || ip == corev1.ClusterIPNone || ip == plan.ServiceIP(s) {
+			continue
+		}
+		objs, err := w.byInst.ByIndex(byIP, ip)
+		if err != nil {
+			return nil
+		}
+		for _, o := range objs {
+			h, ok := o.(*corev1.Service)
+			if !ok || h.Labels[plan.LabelInstance] == inst || h.Labels[plan.LabelInstance] == "" {
+				continue
+			}
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[ip] = fmt.Sprintf("Service %s of instance %q", h.Name, h.Labels[plan.LabelInstance])
+			break
+		}
+	}
+	return out
+}

@@ -188,8 +188,12 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	if err != nil {
 		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
 	}
+	if w.cfg.Plan.IPMode == plan.IPModeExternalIP {
+		desired.ForeignIPs = w.foreignIPs(plan.LabelValue(key), existing)
+	}
 	p := plan.Diff(desired, existing, w.cfg.Plan)
 	w.reportSkipped(ctx, key, p)
+	w.reportForeignRecreates(ctx, log, key, p)
 	err = w.apply(ctx, log, key, p, fetchedAt, fpTag(fp))
 	if len(p.Create)+len(p.Recreate) > 0 && ctx.Err() == nil {
 		w.afterGone(ctx, key, rec.Seq, jobID)

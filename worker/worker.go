@@ -178,7 +178,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			o.LabelSelector = labels.Set{plan.LabelManagedBy: w.managedBy()}.String()
 		}))
 	inf := factory.Core().V1().Services()
-	if err := inf.Informer().AddIndexers(cache.Indexers{byInstance: instanceIndex}); err != nil {
+	if err := inf.Informer().AddIndexers(cache.Indexers{byInstance: instanceIndex, byIP: ipIndex}); err != nil {
 		return fmt.Errorf("worker: Service index: %w", err)
 	}
 	w.services, w.byInst = inf.Lister(), inf.Informer().GetIndexer()
