@@ -20,10 +20,6 @@ type PublisherConfig struct {
 	// Scheduler tunes the per-instance sync jobs (poll interval, backoff);
 	// its SyncInterval defaults to the one above.
 	Scheduler SchedulerConfig
-	// Sources, when set, is told the instances published after every
-	// reconcile that read the instances stream, and made unready when Run
-	// returns (the sources API).
-	Sources *SourceList
 }
 
 // Publisher turns a Source into events: it compares the source's current
@@ -74,7 +70,9 @@ func (p *Publisher) LastSuccess() time.Time {
 // Scheduler returns the publisher's scheduler (for its stats).
 func (p *Publisher) Scheduler() *Scheduler { return p.sched }
 
-// Run starts the source and publishes until ctx ends; it returns nil then.
+// Run starts the source (src.Run; give it a SharedSource to keep the
+// source running beyond this term, as `matbus discovery` does for the
+// sources API) and publishes until ctx ends; it returns nil then.
 // It returns an error only if the source cannot start. Call it while
 // leading (see RunLeaderElected): on start it republishes the current state,
 // the appeared event and a sync job of every instance.
@@ -85,9 +83,6 @@ func (p *Publisher) Run(ctx context.Context) error {
 		case changed <- struct{}{}:
 		default:
 		}
-	}
-	if p.cfg.Sources != nil {
-		defer p.cfg.Sources.Unready()
 	}
 	if err := p.src.Run(ctx, notify); err != nil {
 		return err
@@ -141,12 +136,6 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 	}
 	present := make([]string, 0, len(cur))
 	defer func() { p.sched.Set(present) }()
-	complete := false // the stream was read: present is what is published
-	defer func() {
-		if complete && p.cfg.Sources != nil {
-			p.cfg.Sources.Report(presentInstances(cur, present))
-		}
-	}()
 	if err := p.bus.EnsureStreams(ctx); err != nil {
 		p.fail(ctx, "", fmt.Sprintf("ensure streams: %v", err))
 		return
@@ -156,7 +145,6 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		p.fail(ctx, "", fmt.Sprintf("read instances stream: %v", err))
 		return
 	}
-	complete = true
 	published := true // every publish of this reconcile succeeded
 	defer func() {
 		if published {
@@ -228,21 +216,6 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 			p.fail(ctx, key, fmt.Sprintf("publish clean-up job: %v", err))
 		}
 	}
-}
-
-// presentInstances returns the instances of cur whose keys are in present.
-func presentInstances(cur []events.Instance, present []string) []events.Instance {
-	in := make(map[string]bool, len(present))
-	for _, k := range present {
-		in[k] = true
-	}
-	out := make([]events.Instance, 0, len(present))
-	for _, inst := range cur {
-		if in[inst.Key] {
-			out = append(out, inst)
-		}
-	}
-	return out
 }
 
 func (p *Publisher) fail(ctx context.Context, key, msg string) {

@@ -10,86 +10,340 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/matbus/matbus/events"
 )
 
-// SourcesPath is where SourceList serves the sources document.
-const SourcesPath = "/v1/sources"
+// Paths of the sources API.
+const (
+	// SourcesPath is where SourceList serves the Sources document.
+	SourcesPath = "/v1/sources"
+	// SourcesHealthPath answers 200 "ok\n" while the sources API serves.
+	SourcesHealthPath = "/v1/healthz"
+)
 
-// Sources is the document served on GET SourcesPath: the MAT instances the
-// publisher currently publishes, for the MAT protocol gateway.
+// Sources is the document served on GET SourcesPath: the MAT instances this
+// discovery replica's own source sees, for the MAT protocol gateway. Every
+// replica, leading or not, serves the same document once its passes agree.
 type Sources struct {
-	// Generation increases by one whenever the set of sources changes; it
-	// is a change hint only and starts at 0 with the process.
+	// Generation increases by one whenever the set of (Name, BaseURL)
+	// pairs changes (a pod change alone does not count); it starts at 0
+	// with the process, so two replicas may count differently.
 	Generation uint64 `json:"generation"`
-	// Ready is false until the publisher has a complete view (its source
-	// synced and the instances stream read), and again once it stops
-	// publishing (lost the lead).
+	// Ready is false until the first successful discovery pass and true
+	// from then on.
 	Ready bool `json:"ready"`
-	// List is sorted by Name, never null.
+	// List is sorted by Name, then BaseURL; never null.
 	List []SourceEntry `json:"sources"`
 }
 
-// SourceEntry is one MAT instance.
+// SourceEntry is one MAT instance as the gateway knows it.
 type SourceEntry struct {
-	Name    string `json:"name"`     // the instance key, "<namespace>.<service-name>"
-	BaseURL string `json:"base_url"` // the MAT API base URL, e.g. "https://10.96.0.10:1266"
-	Pod     string `json:"pod"`      // the MAT pod name in multi-pod deployments, else ""
+	// Name is the discovered Service's name (of a static instance: its
+	// name without the namespace), e.g. "mat-0-bmc-mock".
+	Name string `json:"name"`
+	// BaseURL is the MAT API base URL: for a discovered Service
+	// "<scheme>://<service>.<namespace>.svc.<cluster-domain>:<port>"
+	// whatever the host mode of the published URL, or its URLAnnotation
+	// as is; for a static instance its URL.
+	BaseURL string `json:"base_url"`
+	// Pod is the MAT pod name (label PodNameLabel) in multi-pod
+	// deployments, else "".
+	Pod string `json:"pod"`
 }
 
-// SourceList keeps the Sources document. A Publisher with
-// PublisherConfig.Sources set reports the instances it publishes after
-// every reconcile that read the instances stream; the first report is
-// visible at once (and makes the list ready), later changes are debounced:
-// a change becomes visible Debounce after the first change of a burst, and
-// every change within that window is folded into one generation. It is
-// safe for concurrent use; the zero value is not: use NewSourceList.
+// EntrySource is implemented by a Source whose sources-API entries are not
+// just its instances (KubeSource: the Service's DNS name instead of the
+// published URL, the Service's name instead of the instance key). For
+// other sources the entries are derived from Instances: Name is the key
+// without its namespace, BaseURL the URL, Pod the pod name.
+type EntrySource interface {
+	// SourceEntries returns the entries in any order, and false while the
+	// source has not synced or cannot be listed (a failed pass).
+	SourceEntries() ([]SourceEntry, bool)
+}
+
+// entriesOf returns the sources-API entries of src, sorted.
+func entriesOf(src Source) ([]SourceEntry, bool) {
+	var list []SourceEntry
+	if es, ok := src.(EntrySource); ok {
+		var synced bool
+		if list, synced = es.SourceEntries(); !synced {
+			return nil, false
+		}
+	} else {
+		insts, synced := src.Instances()
+		if !synced {
+			return nil, false
+		}
+		list = make([]SourceEntry, 0, len(insts))
+		for _, in := range insts {
+			_, name, _ := strings.Cut(in.Key, ".")
+			list = append(list, SourceEntry{Name: name, BaseURL: in.URL, Pod: in.PodName})
+		}
+	}
+	if list == nil {
+		list = []SourceEntry{}
+	}
+	slices.SortFunc(list, func(a, b SourceEntry) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.BaseURL, b.BaseURL), cmp.Compare(a.Pod, b.Pod))
+	})
+	return list, true
+}
+
+// SourceEntries implements EntrySource: one entry per selected Service
+// that is an instance (a valid key, and a valid URLAnnotation or at least
+// one port). BaseURL is "<scheme>://<ServiceDNSName>:<port>" (the port
+// named "redfish" or "bmc-mock", else the first), so a re-created Service
+// with a new cluster IP keeps its entry; URLAnnotation is used as is. It
+// reports nothing: Instances already reports the Services it skips.
+func (s *KubeSource) SourceEntries() ([]SourceEntry, bool) {
+	if s.lister == nil || !s.synced() {
+		return nil, false
+	}
+	var svcs []*corev1.Service
+	var err error
+	if s.cfg.Namespace != "" {
+		svcs, err = s.lister.Services(s.cfg.Namespace).List(s.selector)
+	} else {
+		svcs, err = s.lister.List(s.selector)
+	}
+	if err != nil {
+		return nil, false
+	}
+	out := make([]SourceEntry, 0, len(svcs))
+	for _, svc := range svcs {
+		if _, err := events.Key(svc.Namespace, svc.Name); err != nil {
+			continue
+		}
+		e := SourceEntry{Name: svc.Name, Pod: svc.Labels[PodNameLabel]}
+		if u := svc.Annotations[URLAnnotation]; u != "" {
+			if events.ValidateURL(u) != nil {
+				continue
+			}
+			e.BaseURL = u
+		} else {
+			if len(svc.Spec.Ports) == 0 {
+				continue
+			}
+			port := svc.Spec.Ports[0].Port
+			for _, p := range svc.Spec.Ports {
+				if p.Name == "redfish" || p.Name == "bmc-mock" {
+					port = p.Port
+					break
+				}
+			}
+			host := ServiceDNSName(svc.Name, svc.Namespace, s.cfg.ClusterDomain)
+			e.BaseURL = s.cfg.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port)))
+		}
+		out = append(out, e)
+	}
+	return out, true
+}
+
+// ErrNotStarted is returned by SharedSource.Run before SharedSource.Start.
+var ErrNotStarted = errors.New("discovery: shared source not started")
+
+// SharedSource runs one Source (one informer) for several readers, e.g.
+// a SourceList for the process's lifetime and a Publisher for each term
+// as leader. It is itself a Source: Run only subscribes to its
+// notifications. Safe for concurrent use.
+type SharedSource struct {
+	src Source
+
+	mu      sync.Mutex
+	started bool
+	next    int
+	subs    map[int]func()
+}
+
+// Share returns a SharedSource of src; call Start once before Run.
+func Share(src Source) *SharedSource {
+	return &SharedSource{src: src, subs: map[int]func(){}}
+}
+
+// Start runs the underlying source until ctx ends, passing each of its
+// notifications on to every current subscriber. It returns the source's
+// error if it cannot start, or an error when called twice.
+func (s *SharedSource) Start(ctx context.Context) error {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return fmt.Errorf("discovery: shared source %s started twice", s.src.Scope())
+	}
+	s.started = true
+	s.mu.Unlock()
+	if err := s.src.Run(ctx, s.broadcast); err != nil {
+		return fmt.Errorf("discovery: start source %s: %w", s.src.Scope(), err)
+	}
+	return nil
+}
+
+func (s *SharedSource) broadcast() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, notify := range s.subs {
+		notify()
+	}
+}
+
+// Scope implements Source: the underlying source's scope.
+func (s *SharedSource) Scope() string { return s.src.Scope() }
+
+// Run implements Source: notify is called after every change of the
+// underlying source until ctx ends. It returns ErrNotStarted before Start.
+func (s *SharedSource) Run(ctx context.Context, notify func()) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started {
+		return ErrNotStarted
+	}
+	id := s.next
+	s.next++
+	s.subs[id] = notify
+	context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.subs, id)
+	})
+	return nil
+}
+
+// Instances implements Source.
+func (s *SharedSource) Instances() ([]events.Instance, bool) { return s.src.Instances() }
+
+// SourceEntries implements EntrySource with the underlying source's
+// entries (derived from its instances when it is no EntrySource).
+func (s *SharedSource) SourceEntries() ([]SourceEntry, bool) { return entriesOf(s.src) }
+
+// SourceList keeps the Sources document of one discovery replica, fed by
+// discovery passes over the replica's own source (Run), independent of
+// leadership. The rules, for a pass at time now:
+//
+//   - a failed pass (source not synced, list error) changes nothing;
+//   - the first successful pass is served at once and makes it ready;
+//     ready stays true;
+//   - a pass that differs from the served list starts a pending change
+//     (first seen now); it is served only when a later pass, at least
+//     Debounce after it was first seen, sees exactly the same entries; a
+//     pass that sees the served list again drops it (a flap is never
+//     served); another set starts a new pending change, while a pending
+//     change that differs only in pods keeps its first-seen time;
+//   - serving bumps Generation only when the (Name, BaseURL) pairs change:
+//     a pod change alone is served (confirmed like any change) under the
+//     same generation.
+//
+// A debounce of 0 serves every pass at once. Safe for concurrent use; the
+// zero value is not: use NewSourceList.
 type SourceList struct {
 	debounce time.Duration
+	log      *slog.Logger
 
 	mu      sync.Mutex
 	doc     Sources       // what is served
-	pending []SourceEntry // the newest report not yet served, nil when none
-	timer   *time.Timer
+	pending []SourceEntry // a change not yet confirmed, nil when none
+	since   time.Time     // when pending was first seen
 }
 
-// NewSourceList returns a SourceList that folds changes within debounce (0
-// or less: every change is visible at once).
-func NewSourceList(debounce time.Duration) *SourceList {
-	return &SourceList{debounce: debounce, doc: Sources{List: []SourceEntry{}}}
-}
-
-// Report records the instances being published now. The order of insts
-// does not matter.
-func (l *SourceList) Report(insts []events.Instance) {
-	list := make([]SourceEntry, 0, len(insts))
-	for _, in := range insts {
-		list = append(list, SourceEntry{Name: in.Key, BaseURL: in.URL, Pod: in.PodName})
+// NewSourceList returns a SourceList whose changes need a confirming pass
+// at least debounce after they were first seen (0 or less: at once).
+// log (may be nil) gets a line for every served change.
+func NewSourceList(debounce time.Duration, log *slog.Logger) *SourceList {
+	if debounce < 0 {
+		debounce = 0
 	}
-	slices.SortFunc(list, func(a, b SourceEntry) int { return cmp.Compare(a.Name, b.Name) })
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.doc.Ready || l.debounce <= 0 {
-		l.stopLocked()
-		l.applyLocked(list)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &SourceList{debounce: debounce, log: log, doc: Sources{List: []SourceEntry{}}}
+}
+
+// PassInterval is how often Run makes a pass besides the source's
+// notifications: a fifth of the debounce, between 20 ms and 1 s (1 s
+// with no debounce). A change is served between Debounce and Debounce +
+// PassInterval after it was first seen, 5 s to 6 s with the default 5 s.
+func (l *SourceList) PassInterval() time.Duration {
+	if l.debounce <= 0 {
+		return time.Second
+	}
+	return min(max(l.debounce/5, 20*time.Millisecond), time.Second)
+}
+
+// Run makes discovery passes over src until ctx ends: one at once, one
+// after every notification of src and one every PassInterval. It runs src
+// (src.Run), so give it a source nobody else runs, or a SharedSource. It
+// returns nil when ctx ends, or src's error if it cannot start.
+func (l *SourceList) Run(ctx context.Context, src Source) error {
+	changed := make(chan struct{}, 1)
+	notify := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	if err := src.Run(ctx, notify); err != nil {
+		return fmt.Errorf("discovery: sources API: %w", err)
+	}
+	tick := time.NewTicker(l.PassInterval())
+	defer tick.Stop()
+	for {
+		list, ok := entriesOf(src)
+		l.pass(time.Now(), list, ok)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-tick.C:
+		}
+	}
+}
+
+// pass applies one discovery pass made at now that saw list (sorted, not
+// nil), or failed (ok false); see SourceList for the rules.
+func (l *SourceList) pass(now time.Time, list []SourceEntry, ok bool) {
+	if !ok {
 		return
 	}
-	l.pending = list
-	if l.timer == nil {
-		l.timer = time.AfterFunc(l.debounce, l.flush)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case !l.doc.Ready || l.debounce == 0:
+		l.serveLocked(list)
+	case slices.Equal(list, l.doc.List):
+		l.pending = nil
+	case l.pending != nil && slices.Equal(list, l.pending):
+		if now.Sub(l.since) >= l.debounce {
+			l.serveLocked(list)
+		}
+	case l.pending != nil && samePairs(list, l.pending):
+		l.pending = list // the same change, newer pods: its clock runs on
+	default:
+		l.pending, l.since = list, now
 	}
 }
 
-// Unready marks the list not ready (the publisher stopped); the last set
-// stays visible, and the next Report is visible at once.
-func (l *SourceList) Unready() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.stopLocked()
-	l.doc.Ready = false
+func (l *SourceList) serveLocked(list []SourceEntry) {
+	l.pending = nil
+	if !samePairs(list, l.doc.List) {
+		l.doc.Generation++
+		l.log.Info("sources API: new set", "generation", l.doc.Generation, "sources", len(list))
+	} else if !slices.Equal(list, l.doc.List) {
+		l.log.Info("sources API: pods changed", "generation", l.doc.Generation, "sources", len(list))
+	}
+	l.doc.List = list
+	l.doc.Ready = true
+}
+
+// samePairs tells whether two sorted lists have the same (Name, BaseURL)
+// pairs.
+func samePairs(a, b []SourceEntry) bool {
+	return slices.EqualFunc(a, b, func(x, y SourceEntry) bool { return x.Name == y.Name && x.BaseURL == y.BaseURL })
 }
 
 // Get returns the served document (a copy).
@@ -101,36 +355,11 @@ func (l *SourceList) Get() Sources {
 	return d
 }
 
-func (l *SourceList) flush() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.timer = nil
-	if l.pending != nil {
-		l.applyLocked(l.pending)
-		l.pending = nil
-	}
-}
-
-func (l *SourceList) stopLocked() {
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-	l.pending = nil
-}
-
-func (l *SourceList) applyLocked(list []SourceEntry) {
-	if !slices.Equal(list, l.doc.List) {
-		l.doc.Generation++
-		l.doc.List = list
-	}
-	l.doc.Ready = true
-}
-
-// ServeHTTP answers GET (and HEAD) SourcesPath with the document as JSON,
-// 404 for other paths and 405 for other methods.
+// ServeHTTP answers GET and HEAD: SourcesPath with the document as JSON,
+// SourcesHealthPath with 200 "ok\n"; other paths 404, other methods 405
+// with an Allow header.
 func (l *SourceList) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.URL.Path != SourcesPath {
+	if r.URL.Path != SourcesPath && r.URL.Path != SourcesHealthPath {
 		http.NotFound(w, r)
 		return
 	}
@@ -139,13 +368,18 @@ func (l *SourceList) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
+	w.Header().Set("Cache-Control", "no-store")
+	if r.URL.Path == SourcesHealthPath {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+		return
+	}
 	body, err := json.Marshal(l.Get())
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
 	_, _ = w.Write(append(body, '\n'))
 }
 

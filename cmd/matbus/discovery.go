@@ -51,8 +51,8 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease is valid without renewal")
 	durationVar(fs, &o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before giving up")
 	durationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
-	fs.StringVar(&o.sourceListAddr, "source-list-addr", "127.0.0.1:8090", "address of the sources API (GET /v1/sources: the MAT instances published, for the MAT protocol gateway); loopback only unless set, empty disables")
-	fs.DurationVar(&o.sourceListDebounce, "source-list-debounce", 5*time.Second, "changes of the sources API's set within this window of the first are served as one new generation (0: at once)")
+	fs.StringVar(&o.sourceListAddr, "source-list-addr", "127.0.0.1:8090", "address of the sources API (GET /v1/sources: the MAT instances this replica's source sees, for the MAT protocol gateway; every replica serves it); loopback only unless set, empty disables")
+	fs.DurationVar(&o.sourceListDebounce, "source-list-debounce", 5*time.Second, "a change of the sources API's list is served only when a discovery pass at least this long after it was first seen confirms it (0: at once)")
 	durationVar(fs, &o.staleAfter, "health-stale-after", 10*time.Minute, "the leader is not ready (/readyz 503) when no sync tick read the instances stream and published its events for this long")
 }
 
@@ -202,31 +202,41 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
-	sources := discovery.NewSourceList(o.sourceListDebounce)
+	// One source (one informer) for the process's lifetime: every replica,
+	// leading or not, makes its own passes for the sources API, and each
+	// term as leader publishes from the same source. It stops when this
+	// function returns.
+	src, err := o.source(kube, namespace, log, rep)
+	if err != nil {
+		return err
+	}
+	ctx, stopSource := context.WithCancel(ctx)
+	defer stopSource()
+	shared := discovery.Share(src)
+	if err := shared.Start(ctx); err != nil {
+		return err
+	}
 	if o.sourceListAddr != "" {
+		sources := discovery.NewSourceList(o.sourceListDebounce, log)
 		sctx, stopSources := context.WithCancel(ctx)
-		served := make(chan struct{})
+		served, passes := make(chan struct{}), make(chan struct{})
 		go func() { defer close(served); serveSources(sctx, o.sourceListAddr, sources, log) }()
-		defer func() { stopSources(); <-served }()
+		go func() {
+			defer close(passes)
+			if err := sources.Run(sctx, shared); err != nil {
+				log.Error("sources API passes stopped", "error", err)
+			}
+		}()
+		defer func() { stopSources(); <-served; <-passes }()
 	}
 	lead := func(ctx context.Context) error {
 		leading.Store(true)
 		defer leading.Store(false)
-		src, err := o.source(kube, namespace, log, rep)
-		if err != nil {
-			return err
-		}
-		pcfg := o.publisherConfig()
-		pcfg.Sources = sources
-		pub := discovery.NewPublisher(bus, src, pcfg, rep, log)
+		pub := discovery.NewPublisher(bus, shared, o.publisherConfig(), rep, log)
 		sched.Store(pub.Scheduler())
-		cur.Store(&leadState{pub: pub, src: src, since: time.Now()})
+		cur.Store(&leadState{pub: pub, src: shared, since: time.Now()})
 		defer cur.Store(nil)
 		return pub.Run(ctx)
-	}
-	// Validate the source once before campaigning, so bad flags fail fast.
-	if _, err := o.source(kube, namespace, log, rep); err != nil {
-		return err
 	}
 	if !o.leaderElect {
 		return lead(ctx)

@@ -13,8 +13,9 @@ import (
 	"github.com/matbus/matbus/internal/natsserver"
 )
 
-// TestDiscoverySourcesAPI: `matbus discovery` serves the static instances
-// it publishes on --source-list-addr, and stops serving when it stops.
+// TestDiscoverySourcesAPI: `matbus discovery` serves its static instances
+// (name without the namespace, URL as is) on --source-list-addr, and stops
+// serving when it stops.
 func TestDiscoverySourcesAPI(t *testing.T) {
 	ns, err := natsserver.Start(natsserver.Options{})
 	if err != nil {
@@ -55,7 +56,7 @@ func TestDiscoverySourcesAPI(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	want := []discovery.SourceEntry{{Name: "mat.mat-a", BaseURL: "https://10.0.0.1:1266"}, {Name: "mat.mat-b", BaseURL: "https://10.0.0.2:1266"}}
+	want := []discovery.SourceEntry{{Name: "mat-a", BaseURL: "https://10.0.0.1:1266"}, {Name: "mat-b", BaseURL: "https://10.0.0.2:1266"}}
 	if got.Generation != 1 || len(got.List) != 2 || got.List[0] != want[0] || got.List[1] != want[1] {
 		t.Errorf("served %+v, want generation 1 and %+v", got, want)
 	}
