@@ -34,6 +34,12 @@ const (
 	// DefaultClusterDomain is the cluster's DNS domain unless
 	// KubeConfig.ClusterDomain says otherwise (`--cluster-domain`).
 	DefaultClusterDomain = "cluster.local"
+	// HostModeDNS makes discovered API URLs name the Service's DNS name,
+	// https://<service>.<namespace>.svc.<cluster-domain>:<port> (the
+	// default, as the old controller).
+	HostModeDNS = "dns"
+	// HostModeClusterIP makes them name its spec.clusterIP.
+	HostModeClusterIP = "cluster-ip"
 )
 
 // ServiceDNSName returns the in-cluster DNS name of a Service,
@@ -56,8 +62,10 @@ type KubeConfig struct {
 	Selector string
 	// Scheme of the MAT API URL; default "https" (MAT serves HTTPS).
 	Scheme string
-	// HostMode is "cluster-ip" (default: the Service's spec.clusterIP) or
-	// "dns" (<name>.<namespace>.svc).
+	// HostMode is HostModeDNS (default: the Service's full DNS name, see
+	// ServiceDNSName, the name the old controller connects to and
+	// certificates issued in clusters carry) or HostModeClusterIP (its
+	// spec.clusterIP; verifies only against a certificate with that IP).
 	HostMode string
 	// ClusterDomain is the cluster's DNS domain used in DNS names (see
 	// ServiceDNSName); "" means DefaultClusterDomain.
@@ -66,8 +74,9 @@ type KubeConfig struct {
 
 // KubeSource discovers MAT instances as Kubernetes Services matching a label
 // selector, through a client-go informer. The API URL is
-// <scheme>://<host>:<port> with the port named "redfish" or "bmc-mock",
-// else the first port; URLAnnotation overrides it.
+// <scheme>://<host>:<port>, host per KubeConfig.HostMode (by default
+// <service>.<namespace>.svc.<cluster-domain>), with the port named
+// "redfish" or "bmc-mock", else the first port; URLAnnotation overrides it.
 type KubeSource struct {
 	kube     kubernetes.Interface
 	cfg      KubeConfig
@@ -92,10 +101,10 @@ func NewKube(kube kubernetes.Interface, cfg KubeConfig, log *slog.Logger, report
 		return nil, fmt.Errorf("discovery: scheme %q: want http or https", cfg.Scheme)
 	}
 	if cfg.HostMode == "" {
-		cfg.HostMode = "cluster-ip"
+		cfg.HostMode = HostModeDNS
 	}
-	if cfg.HostMode != "cluster-ip" && cfg.HostMode != "dns" {
-		return nil, fmt.Errorf("discovery: host mode %q: want cluster-ip or dns", cfg.HostMode)
+	if cfg.HostMode != HostModeClusterIP && cfg.HostMode != HostModeDNS {
+		return nil, fmt.Errorf("discovery: host mode %q: want %s or %s", cfg.HostMode, HostModeDNS, HostModeClusterIP)
 	}
 	sel, err := labels.Parse(cfg.Selector)
 	if err != nil {
@@ -210,11 +219,11 @@ func (s *KubeSource) instance(svc *corev1.Service) (events.Instance, error) {
 			break
 		}
 	}
-	host := svc.Name + "." + svc.Namespace + ".svc"
-	if s.cfg.HostMode == "cluster-ip" {
+	host := ServiceDNSName(svc.Name, svc.Namespace, s.cfg.ClusterDomain)
+	if s.cfg.HostMode == HostModeClusterIP {
 		host = svc.Spec.ClusterIP
 		if host == "" || host == corev1.ClusterIPNone {
-			return events.Instance{}, fmt.Errorf("service %s/%s has no cluster IP (use host mode dns)", svc.Namespace, svc.Name)
+			return events.Instance{}, fmt.Errorf("service %s/%s has no cluster IP (use host mode %s)", svc.Namespace, svc.Name, HostModeDNS)
 		}
 	}
 	inst.URL = s.cfg.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port)))

@@ -72,8 +72,27 @@ func TestKubeSourceOnRealAPIServer(t *testing.T) {
 	}
 	svc, _ := kube.CoreV1().Services(ns).Get(ctx, "mat-0-bmc-mock", metav1.GetOptions{})
 	a := insts[0]
-	if a.URL != "https://"+svc.Spec.ClusterIP+":1266" || a.Owner != "mat-0" || a.PodName != "mat-0-pod" || a.Version != svc.ResourceVersion {
+	// The default URL is the Service's DNS name, as the old controller's.
+	if a.URL != "https://mat-0-bmc-mock.mat-system.svc.cluster.local:1266" || a.Owner != "mat-0" || a.PodName != "mat-0-pod" || a.Version != svc.ResourceVersion {
 		t.Fatalf("instance from mat-0-bmc-mock = %+v", a)
+	}
+	// The other host modes, on the same Service as the API server stored it.
+	for _, tc := range []struct {
+		cfg  KubeConfig
+		want string
+	}{
+		{KubeConfig{ClusterDomain: "corp.example"}, "https://mat-0-bmc-mock.mat-system.svc.corp.example:1266"},
+		{KubeConfig{HostMode: HostModeDNS, Scheme: "http"}, "http://mat-0-bmc-mock.mat-system.svc.cluster.local:1266"},
+		{KubeConfig{HostMode: HostModeClusterIP}, "https://" + svc.Spec.ClusterIP + ":1266"},
+	} {
+		s, err := NewKube(kube, tc.cfg, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.instance(svc)
+		if err != nil || got.URL != tc.want {
+			t.Errorf("%+v: URL %q, %v; want %q", tc.cfg, got.URL, err, tc.want)
+		}
 	}
 	if insts[1].URL != "http://127.0.0.1:9999" || insts[1].Owner != "" {
 		t.Fatalf("instance from mat-1 = %+v", insts[1])
