@@ -81,6 +81,9 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	c.log = log.With("component", "check")
+	if err := c.w.loadMatRoots(); err != nil {
+		return err
+	}
 	c.mode, _ = plan.ParseIPMode(c.w.ipMode)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -322,7 +325,7 @@ func (c *checker) statusIPs(ctx context.Context) []serviceIP {
 		return nil
 	}
 	c.add("MAT instances", checkOK, "%d found", len(insts))
-	mcfg := matclient.Config{Timeout: c.w.matTimeout, InsecureSkipVerify: c.w.insecure, UserAgent: "matbus-check/" + version}
+	mcfg := c.w.matConfig("matbus-check/" + version)
 	sel, _ := parseSelector(c.w.targetSelector)
 	opts := plan.Options{Namespace: c.w.namespace, ManagedBy: c.w.managedBy, IPMode: c.mode, TargetSelector: sel, StateAnnotations: c.w.stateAnnotations}
 	var out []serviceIP
@@ -382,7 +385,7 @@ func (c *checker) instances(ctx context.Context) ([]events.Instance, error) {
 			return nil, errors.New("discovery from Kubernetes Services needs the Kubernetes API (or use --static)")
 		}
 		k, err := discovery.NewKube(c.kube, discovery.KubeConfig{Namespace: c.w.namespace, Selector: c.d.selector,
-			Scheme: c.d.scheme, HostMode: c.d.hostMode}, c.log, func(key, msg string) { c.log.Warn("discovery", "instance", key, "error", msg) })
+			Scheme: c.d.scheme, HostMode: c.d.hostMode, ClusterDomain: c.d.clusterDomain}, c.log, func(key, msg string) { c.log.Warn("discovery", "instance", key, "error", msg) })
 		if err != nil {
 			return nil, err
 		}

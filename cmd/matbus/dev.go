@@ -114,8 +114,12 @@ func runDev(ctx context.Context, args []string, e env) error {
 	// Services, error events and status lines are printed from several goroutines.
 	out := &syncWriter{w: e.stdout}
 	start := time.Now()
-	// The simulators serve self-signed certificates.
-	w.insecure = true
+	// TLS is verified as in production: the simulators' self-signed
+	// certificates are trusted as they start (besides the system roots and
+	// --mat-ca-file), unless --insecure-skip-verify.
+	if err := w.loadMatRoots(); err != nil {
+		return err
+	}
 	n.memory = true
 
 	// 1. NATS.
@@ -199,6 +203,9 @@ func runDev(ctx context.Context, args []string, e env) error {
 			return err
 		}
 		defer sim.Close()
+		if c := sim.Certificate(); c != nil {
+			w.trustMatCerts(c)
+		}
 		expected += sim.BMCs() + fleet.NVOSIPs()
 		entries = append(entries, discovery.StaticEntry{Namespace: w.namespace, Name: fmt.Sprintf("mat-%d", i), URL: url})
 		fmt.Fprintf(out, "MAT simulator mat-%d      %s/machines/status  (%d devices, %d BMCs with an IP, BMC subnet %s)\n", i, url, sim.Devices(), sim.BMCs(), spec.BMCSubnet)

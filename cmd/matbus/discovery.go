@@ -36,7 +36,7 @@ type discoveryOpts struct {
 func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.selector, "discovery-selector", discovery.DefaultSelector, "label selector of the MAT API Services to discover")
 	fs.StringVar(&o.scheme, "mat-scheme", "https", "scheme of discovered MAT API URLs: https or http")
-	fs.StringVar(&o.hostMode, "mat-host-mode", "cluster-ip", "host of discovered MAT API URLs: cluster-ip or dns (<name>.<namespace>.svc)")
+	fs.StringVar(&o.hostMode, "mat-host-mode", discovery.HostModeDNS, "host of discovered MAT API URLs: dns (<service>.<namespace>.svc.<cluster-domain>, the name the old controller connects to and cluster-issued certificates carry) or cluster-ip (the Service's cluster IP; TLS verification then needs a certificate with that IP)")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", discovery.DefaultClusterDomain, "the cluster's DNS domain, in MAT URLs <service>.<namespace>.svc.<domain>")
 	fs.Var(&o.static, "static", "static instances instead of Kubernetes discovery: [namespace/]name=url, repeatable or comma separated")
 	fs.StringVar(&o.staticFile, "static-file", "", "YAML/JSON list of static instances ({namespace, name, url, pod_name, owner})")

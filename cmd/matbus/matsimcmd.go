@@ -41,13 +41,15 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("matsim", "Serve a simulated MAT `GET /machines/status` from a generated fleet or a fixture file.", e.stderr)
 	var l logOpts
 	var f fleetOpts
-	var listen, fixture, fault string
+	var listen, fixture, fault, certFile, keyFile string
 	var tls, legacy bool
 	l.register(fs)
 	f.register(fs)
 	fs.StringVar(&listen, "listen", "127.0.0.1:1266", "address to listen on")
 	fs.StringVar(&fixture, "fixture", "", "serve this status file byte for byte instead of a generated fleet")
 	fs.BoolVar(&tls, "tls", false, "serve HTTPS with a self-signed certificate made at start (as MAT does)")
+	fs.StringVar(&certFile, "tls-cert-file", "", "serve HTTPS with this PEM certificate chain instead (e.g. a cert-manager Secret's tls.crt); needs --tls-key-file")
+	fs.StringVar(&keyFile, "tls-key-file", "", "PEM private key of --tls-cert-file (e.g. tls.key)")
 	fs.BoolVar(&legacy, "legacy", false, "serve the legacy schema (machines[] only)")
 	fs.StringVar(&fault, "fault", "none", "fault to inject: none, 500, malformed, slow, hang")
 	if err := parseWithEnv(fs, args, e.getenv); err != nil {
@@ -61,7 +63,17 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	opts := matsim.Options{TLS: tls, Legacy: legacy, FixturePath: fixture, Logger: log}
+	if (certFile == "") != (keyFile == "") {
+		return fmt.Errorf("%w: --tls-cert-file and --tls-key-file go together: set both or neither", errUsage)
+	}
+	if certFile != "" {
+		for _, f := range []struct{ label, path string }{{"--tls-cert-file " + certFile, certFile}, {"--tls-key-file " + keyFile, keyFile}} {
+			if err := checkReadable(f.label, f.path); err != nil {
+				return err
+			}
+		}
+	}
+	opts := matsim.Options{TLS: tls, Legacy: legacy, FixturePath: fixture, Logger: log, TLSCertFile: certFile, TLSKeyFile: keyFile}
 	if fixture == "" {
 		fleet, err := matsim.Generate(f.spec())
 		if err != nil {
@@ -78,7 +90,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	log.Info("matsim serving", "url", url+"/machines/status", "devices", sim.Devices(), "bmcs", sim.BMCs(), "tls", tls, "legacy", legacy)
+	log.Info("matsim serving", "url", url+"/machines/status", "devices", sim.Devices(), "bmcs", sim.BMCs(), "tls", sim.Certificate() != nil, "legacy", legacy)
 	<-ctx.Done()
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -33,6 +34,12 @@ type workerOpts struct {
 	instanceResync                                     time.Duration
 	jobs, fetches, deleteJobs, concurrency, maxDeliver int
 	errorWindow                                        time.Duration
+	// matCAFile is --mat-ca-file: a PEM bundle of CAs MAT certificates are
+	// verified against, besides the system roots.
+	matCAFile string
+	// matRoots is what loadMatRoots made of matCAFile, plus what
+	// trustMatCerts added; nil means the system roots.
+	matRoots *x509.CertPool
 	// metrics, when set (runWorker), receives the worker's measurements.
 	metrics *worker.Metrics
 }
@@ -44,7 +51,8 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.ipMode, "bmc-ip-mode", string(plan.IPModeClusterIP), "where the BMC IP goes: cluster-ip (spec.clusterIP) or external-ip (spec.externalIPs)")
 	fs.StringVar(&o.name, "worker-name", "", "name of this worker in logs and error events (default: $POD_NAME or the host name)")
 	fs.Var(&o.serviceCIDRs, "service-cidr", "the cluster's service IP range(s), to tell an allocated cluster IP (retried) from one out of range (permanent); repeatable")
-	fs.BoolVar(&o.insecure, "insecure-skip-verify", false, "do not verify MAT's TLS certificates (MAT serves self-signed ones)")
+	fs.BoolVar(&o.insecure, "insecure-skip-verify", false, "do not verify MAT's TLS certificates (for MAT instances serving self-signed ones); by default they are verified against the URL's host name, the system roots and --mat-ca-file")
+	fs.StringVar(&o.matCAFile, "mat-ca-file", "", "PEM bundle of the CA(s) that issue MAT's certificates (e.g. a cert-manager CA's ca.crt), trusted besides the system roots")
 	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", true, "write the mat-api-state and mat-power-state annotations, as the old controller does (each power flip costs a Service write); false removes them at the next sync")
 	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
 	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
@@ -81,6 +89,51 @@ func (o *workerOpts) validate() error {
 	return nil
 }
 
+// loadMatRoots reads --mat-ca-file once, at start, so that a missing,
+// unreadable or certificate-less file is one clear error naming the file
+// (never its contents). Without the flag matRoots stays nil: the system
+// roots.
+func (o *workerOpts) loadMatRoots() error {
+	if o.matCAFile == "" {
+		return nil
+	}
+	label := "--mat-ca-file " + o.matCAFile + " (" + EnvName("mat-ca-file") + ")"
+	if err := checkReadable(label, o.matCAFile); err != nil {
+		return err
+	}
+	pool, err := matclient.LoadRootCAs(o.matCAFile)
+	if err != nil {
+		return fmt.Errorf("%s: %w", label, err)
+	}
+	o.matRoots = pool
+	return nil
+}
+
+// trustMatCerts adds certs (dev: its simulators' self-signed
+// certificates) to the roots MAT certificates are verified against, besides
+// the system roots and --mat-ca-file.
+func (o *workerOpts) trustMatCerts(certs ...*x509.Certificate) {
+	if len(certs) == 0 {
+		return
+	}
+	if o.matRoots == nil {
+		if p, err := x509.SystemCertPool(); err == nil && p != nil {
+			o.matRoots = p
+		} else {
+			o.matRoots = x509.NewCertPool()
+		}
+	}
+	for _, c := range certs {
+		o.matRoots.AddCert(c)
+	}
+}
+
+// matConfig is the MAT client configuration of the flags, after
+// loadMatRoots.
+func (o *workerOpts) matConfig(userAgent string) matclient.Config {
+	return matclient.Config{Timeout: o.matTimeout, InsecureSkipVerify: o.insecure, RootCAs: o.matRoots, UserAgent: userAgent}
+}
+
 func (o *workerOpts) workerName() string {
 	if o.name != "" {
 		return o.name
@@ -100,7 +153,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 	}
 	name := o.workerName()
 	rep := events.NewReporter(bus, log, name, o.errorWindow)
-	mcfg := matclient.Config{Timeout: o.matTimeout, InsecureSkipVerify: o.insecure, UserAgent: "matbus/" + version}
+	mcfg := o.matConfig("matbus/" + version)
 	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
 	w, err := worker.New(worker.Config{
 		Name: name,
@@ -174,6 +227,9 @@ func runWorker(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	log = log.With("component", "worker")
+	if err := o.loadMatRoots(); err != nil {
+		return err
+	}
 	cfg, err := k.restConfig()
 	if err != nil {
 		return err
