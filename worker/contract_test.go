@@ -235,3 +235,127 @@ func TestTakeOverFromOldController(t *testing.T) {
 	}
 	t.Logf("writes at takeover: %v", converged)
 }
+
+// startGolden starts the fixture run's three instances (simulators,
+// discovery with pod names and owners) and a worker with the default
+// options (the old controller's target selector, state annotations on).
+func startGolden(e *env) *testWorker {
+	e.t.Helper()
+	entries := make([]discovery.StaticEntry, 0, len(goldenInstances))
+	for _, gi := range goldenInstances {
+		sim := e.startSim(matsim.Options{FixturePath: gi.fixture})
+		en := e.entry(gi.service, sim.URL())
+		en.PodName, en.Owner = gi.pod, gi.pod
+		entries = append(entries, en)
+	}
+	e.startDiscovery(entries...)
+	k, v, _ := strings.Cut(plan.DefaultTargetSelector, "=")
+	return e.startWorker(workerOpts{Tweak: func(c *worker.Config) {
+		c.Plan.TargetSelector = map[string]string{k: v}
+		c.Plan.StateAnnotations = true
+	}})
+}
+
+// TestCreatedServicesMatchOldController: in an empty namespace (the MAT
+// Deployments only), the Services a worker creates for the fixture run's
+// instances are, field by field, those of services.json with only the
+// documented additions — for every Service the old controller made with a
+// BMC IP (the others belong to devices matbus holds until they have one).
+func TestCreatedServicesMatchOldController(t *testing.T) {
+	e := newEnv(t)
+	old := createOldControllerServices(e)
+	for name := range old { // keep the Deployments, drop the Services
+		if err := e.kube.CoreV1().Services(e.ns).Delete(e.ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "the old Services gone", func() (bool, string) { return len(e.services()) == 0, fmt.Sprint(names(e.services())) })
+	startGolden(e)
+
+	for name, o := range old {
+		if o.Annotations[plan.AnnotationBMCIP] == "" {
+			continue
+		}
+		var s *corev1.Service
+		waitFor(t, name+" created", func() (bool, string) { s = e.service(name); return s != nil, "not yet" })
+		if got := without(s.Labels, addedLabels); !maps.Equal(got, o.Labels) {
+			t.Errorf("%s: labels %v, want %v (+ additions)", name, got, o.Labels)
+		}
+		if got := without(s.Annotations, addedAnnotations); !maps.Equal(got, o.Annotations) {
+			t.Errorf("%s: annotations %v, want %v (+ additions)", name, got, o.Annotations)
+		}
+		if !maps.Equal(s.Spec.Selector, o.Spec.Selector) || !reflect.DeepEqual(portsWithoutSSH(s.Spec.Ports), o.Spec.Ports) {
+			t.Errorf("%s: selector %v ports %+v, want %v %+v", name, s.Spec.Selector, s.Spec.Ports, o.Spec.Selector, o.Spec.Ports)
+		}
+		if s.Spec.ClusterIP != o.Spec.ClusterIP || s.Spec.Type != o.Spec.Type || s.Spec.SessionAffinity != o.Spec.SessionAffinity ||
+			!slices.Equal(s.Spec.IPFamilies, o.Spec.IPFamilies) || !reflect.DeepEqual(s.Spec.InternalTrafficPolicy, o.Spec.InternalTrafficPolicy) {
+			t.Errorf("%s: spec %+v, want %+v", name, s.Spec, o.Spec)
+		}
+		if !reflect.DeepEqual(s.OwnerReferences, o.OwnerReferences) {
+			t.Errorf("%s: owner references %+v, want %+v", name, s.OwnerReferences, o.OwnerReferences)
+		}
+	}
+}
+
+// TestLegacyMatbusServicesConvergeInPlace: Services as earlier matbus
+// versions wrote them (matbus.io/* keys only) are updated in place to the
+// contract: same UID, contract keys written, legacy keys gone, foreign keys
+// kept.
+func TestLegacyMatbusServicesConvergeInPlace(t *testing.T) {
+	e := newEnv(t)
+	sim := e.startSim(matsim.Options{FixturePath: fixtureV2Mixed})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	w := e.startWorker(workerOpts{Name: "current"})
+	want := e.waitServices(v2MixedNames()...)
+	w.Stop()
+
+	legacy := map[string]string{ // contract key -> the key earlier versions wrote
+		plan.LabelMatID: "matbus.io/mat-id", plan.LabelMachineID: "matbus.io/machine-id", plan.LabelParentID: "matbus.io/parent-mat-id",
+	}
+	legacyAnn := map[string]string{
+		plan.AnnotationBMCIP: "matbus.io/bmc-ip", plan.AnnotationNVOSIP: "matbus.io/nvos-ip",
+		plan.AnnotationHardwareType: "matbus.io/hardware-type", plan.AnnotationRedfishPort: "matbus.io/redfish-listen-port",
+		plan.AnnotationIPMIPort: "matbus.io/ipmi-listen-port", plan.AnnotationSSHPort: "matbus.io/ssh-listen-port",
+	}
+	svcs := e.kube.CoreV1().Services(e.ns)
+	before := map[string]*corev1.Service{}
+	for name := range want {
+		s := e.service(name)
+		for k, lk := range legacy {
+			if v, ok := s.Labels[k]; ok {
+				delete(s.Labels, k)
+				s.Labels[lk] = v
+			}
+		}
+		delete(s.Labels, plan.LabelMachineType)
+		for k, lk := range legacyAnn {
+			if v, ok := s.Annotations[k]; ok {
+				delete(s.Annotations, k)
+				s.Annotations[lk] = v
+			}
+		}
+		s.Labels["team.example.com/owner"] = "infra"
+		s, err := svcs.Update(e.ctx, s, metav1.UpdateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[name] = s
+	}
+
+	e.startWorker(workerOpts{Name: "next"})
+	for name, b := range before {
+		waitFor(t, name+" converged", func() (bool, string) {
+			s := e.service(name)
+			if s == nil {
+				return false, "gone"
+			}
+			if s.UID != b.UID {
+				t.Fatalf("%s recreated", name)
+			}
+			w := want[name]
+			return maps.Equal(without(s.Labels, []string{"team.example.com/owner"}), w.Labels) && maps.Equal(s.Annotations, w.Annotations) &&
+					s.Labels["team.example.com/owner"] == "infra",
+				fmt.Sprintf("labels %v annotations %v", s.Labels, s.Annotations)
+		})
+	}
+}

@@ -107,13 +107,14 @@ func TestFullSyncFromFixture(t *testing.T) {
 				plan.LabelManagedBy:   "mat-k8s-controller",
 				plan.LabelInstance:    e.key("mat-a"),
 				plan.LabelMatID:       want.matID,
-				plan.LabelMachineType: want.typ,
+				plan.LabelMachineType: plan.MachineType(want.typ).ContractType(),
+				plan.LabelDeviceKind:  want.typ,
 			}
 			if dev.MachineID != "" {
 				wantLabels[plan.LabelMachineID] = dev.MachineID
 			}
 			if want.parent != "" {
-				wantLabels[plan.LabelParentMatID] = want.parent
+				wantLabels[plan.LabelParentID] = want.parent
 			}
 			if !mapsEqual(s.Labels, wantLabels) {
 				t.Errorf("labels = %v\nwant %v", s.Labels, wantLabels)
