@@ -339,6 +339,9 @@ type workerOpts struct {
 	Rest *rest.Config
 	// ClientTimeout is matclient's Timeout; 0 means 5 s.
 	ClientTimeout time.Duration
+	// Mat is the rest of the matclient configuration (TLS roots, a dial
+	// hook); its Timeout is ClientTimeout's.
+	Mat matclient.Config
 	// CloseErr, when set, makes the Close of clients for that URL return it.
 	CloseErr map[string]error
 	// Tweak changes the worker configuration before New.
@@ -376,7 +379,9 @@ func (e *env) startWorker(o workerOpts) *testWorker {
 	if timeout == 0 {
 		timeout = 5 * time.Second
 	}
-	f := &recFactory{timeout: timeout, closeErr: o.CloseErr, byURL: map[string][]*recClient{}}
+	mcfg := o.Mat
+	mcfg.Timeout = timeout
+	f := &recFactory{cfg: mcfg, closeErr: o.CloseErr, byURL: map[string][]*recClient{}}
 	cfg := worker.Config{
 		Name:            o.Name,
 		Plan:            plan.Options{Namespace: e.ns, IPMode: plan.IPModeClusterIP},
@@ -470,7 +475,7 @@ func (c *recClient) Close() error {
 
 // recFactory wraps matclient.New and keeps every client it made.
 type recFactory struct {
-	timeout  time.Duration
+	cfg      matclient.Config
 	closeErr map[string]error
 
 	mu    sync.Mutex
@@ -478,7 +483,7 @@ type recFactory struct {
 }
 
 func (f *recFactory) New(url string) (worker.StatusClient, error) {
-	c, err := matclient.New(url, matclient.Config{Timeout: f.timeout})
+	c, err := matclient.New(url, f.cfg)
 	if err != nil {
 		return nil, err
 	}
