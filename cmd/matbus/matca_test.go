@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"path/filepath"
@@ -9,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/testenv"
 )
 
@@ -120,5 +124,43 @@ func TestMatsimCertFilesAndCheckCAFile(t *testing.T) {
 	out = check("--insecure-skip-verify")
 	if got, line := checkRowResult(out, row); got != "ok" {
 		t.Errorf("with --insecure-skip-verify: row %q, want ok:\n%s", line, out)
+	}
+}
+
+// TestCertificateErrorsSurviveRedaction: the log handler and error reporter
+// of a production process (secrets of the flags redacted, URL user info
+// stripped) keep Go's certificate messages as they are, both names and the
+// issuer included.
+func TestCertificateErrorsSurviveRedaction(t *testing.T) {
+	fs := newFlagSet("worker", "", nil)
+	var n natsOpts
+	l := logOpts{}
+	n.register(fs)
+	l.register(fs)
+	if err := fs.Parse([]string{"--nats-url", "nats://matbus:s3cret-pass@127.0.0.1:4222", "--log-format", "json"}); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	log, err := l.logger(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := events.NewReporter(nil, log, "worker-0", 0)
+	const u = "https://mat-1-bmc-mock.golden.svc.cluster.local:1266"
+	for _, msg := range []string{
+		"status fetch failed, no Service changed: matclient: GET " + u + "/machines/status: tls: failed to verify certificate: " +
+			"x509: certificate is valid for mat-0-bmc-mock.golden.svc.cluster.local, not mat-1-bmc-mock.golden.svc.cluster.local",
+		"status fetch failed, no Service changed: matclient: GET " + u + "/machines/status: tls: failed to verify certificate: " +
+			`x509: certificate signed by unknown authority (issuer "CN=golden CA,O=matbus")`,
+	} {
+		buf.Reset()
+		rep.Report(context.Background(), events.Error{Kind: events.ErrorFetch, Instance: "golden.mat-1-bmc-mock", URL: u, Message: msg, Permanent: true})
+		var line struct{ Error, URL string }
+		if err := json.Unmarshal(buf.Bytes(), &line); err != nil {
+			t.Fatalf("log line %q: %v", buf.String(), err)
+		}
+		if line.Error != msg || line.URL != u {
+			t.Errorf("logged error %q, url %q\nwant          %q, url %q", line.Error, line.URL, msg, u)
+		}
 	}
 }
