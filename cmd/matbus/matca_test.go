@@ -16,7 +16,7 @@ import (
 	"github.com/matbus/matbus/internal/testenv"
 )
 
-// TestMatCAFileStartupErrors: a --mat-ca-file (or MATBUS_MAT_CA_FILE) that
+// TestMatCAFileStartupErrors: a --mat-ca-file (or its variable) that
 // cannot be read or holds no certificate stops worker, check and dev at
 // start with exit 1 and a message naming the flag and the file, never its
 // contents.
@@ -46,13 +46,13 @@ func TestMatCAFileStartupErrors(t *testing.T) {
 				args := append([]string(nil), sub...)
 				env := map[string]string{"KUBECONFIG": filepath.Join(dir, "no-kubeconfig")}
 				if tc.env {
-					env["MATBUS_MAT_CA_FILE"] = tc.path
+					env[EnvName("mat-ca-file")] = tc.path
 				} else {
 					args = append(args, "--mat-ca-file", tc.path)
 				}
 				code, out, errOut := runArgs(t, env, args...)
 				msg := out + errOut
-				if code != 1 || !strings.Contains(msg, "--mat-ca-file "+tc.path+" (MATBUS_MAT_CA_FILE)") || !strings.Contains(msg, tc.want) {
+				if code != 1 || !strings.Contains(msg, "--mat-ca-file "+tc.path+" ("+EnvName("mat-ca-file")+")") || !strings.Contains(msg, tc.want) {
 					t.Fatalf("exit %d (want 1), want the flag, the file and %q in:\n%s", code, tc.want, msg)
 				}
 				if strings.Contains(msg, "c2VjcmV0") || strings.Contains(msg, "PRIVATE KEY") {
