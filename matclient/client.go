@@ -58,9 +58,10 @@ type Config struct {
 	// decompression). 0 means DefaultMaxBodyBytes (10 MiB); negative is an
 	// error.
 	MaxBodyBytes int64
-	// InsecureSkipVerify disables verification of the server certificate.
-	// MAT instances serve HTTPS with self-signed certificates, so in-cluster
-	// deployments usually need it.
+	// InsecureSkipVerify disables verification of the server certificate,
+	// for MAT instances that serve self-signed certificates. Without it
+	// the certificate must name the URL's host (a DNS name or IP SAN) and
+	// chain to RootCAs.
 	InsecureSkipVerify bool
 	// RootCAs, if non-nil, replaces the system roots for verifying the
 	// server certificate (ignored with InsecureSkipVerify). LoadRootCAs
