@@ -60,7 +60,9 @@ func TestSourcesAPIGatewayOnRealAPIServer(t *testing.T) {
 	if err := sh.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	const debounce = 2 * time.Second
+	// Long enough for a delete and a create to reach the informer within
+	// it on a loaded machine.
+	const debounce = 3 * time.Second
 	l := NewSourceList(debounce, nil)
 	passes := make(chan struct{})
 	go func() { defer close(passes); _ = l.Run(ctx, sh) }()
