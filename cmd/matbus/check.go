@@ -73,7 +73,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 	c.w.register(fs)
 	c.d.register(fs)
 	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all checks together may take")
-	if err := parseAndValidate(fs, args, e.getenv, c.n.validate, c.k.validate, c.w.validate, c.d.validate); err != nil {
+	if err := parseAndValidate(fs, args, e.lookupEnv, c.n.validate, c.k.validate, c.w.validate, c.d.validate); err != nil {
 		return err
 	}
 	log, err := l.logger(e.stderr)

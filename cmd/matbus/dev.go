@@ -75,7 +75,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	// dev's own defaults differ from the worker's.
 	_ = fs.Set("namespace", "matbus-dev")
 	fs.Lookup("namespace").DefValue = "matbus-dev"
-	if err := parseAndValidate(fs, args, e.getenv, n.validate, k.validate, w.validate); err != nil {
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate); err != nil {
 		return err
 	}
 	if sims < 1 || sims > 16 || workers < 1 {

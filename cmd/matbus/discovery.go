@@ -143,7 +143,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	o.register(fs)
 	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
 	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
-	if err := parseAndValidate(fs, args, e.getenv, n.validate, k.validate, o.validate); err != nil {
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
 		return err
 	}
 	if _, err := events.Key(namespace, "x"); err != nil {

@@ -29,7 +29,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	fs.BoolVar(&asJSON, "json", false, "print each event as its JSON envelope")
 	fs.BoolVar(&follow, "follow", true, "keep printing new events; false exits after the backlog")
 	fs.StringVar(&healthAddr, "health-addr", "", "address of /healthz and /readyz (ready while connected to NATS and reading the error stream), e.g. :8080 for a container healthcheck; empty disables")
-	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	if err := n.validate(); err != nil {

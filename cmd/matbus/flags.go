@@ -23,12 +23,63 @@ var oldNames = map[string]string{
 	"kubeconfig":           "KUBECONFIG",
 }
 
-// EnvName returns the environment variable that sets flag name.
+// oldAliases are the newer old controller's variables of flags whose
+// variable is MATBUS_<FLAG> (the chart and compose set those): each is read
+// only when the MATBUS_ variable is not set.
+var oldAliases = map[string]string{
+	"source-list-addr":         "SOURCE_LIST_ADDR",
+	"source-list-debounce":     "SOURCE_LIST_DEBOUNCE",
+	"health-addr":              "HEALTH_ADDR",
+	"health-stale-after":       "HEALTH_STALE_AFTER",
+	"enable-state-annotations": "ENABLE_STATE_ANNOTATIONS",
+}
+
+// emptyDisables are the flags whose variable, set to the empty string, sets
+// the flag to "" (the listener is off), as in the old controller. For every
+// other flag an empty variable counts as unset.
+var emptyDisables = map[string]bool{
+	"source-list-addr": true,
+	"health-addr":      true,
+}
+
+// EnvName returns the environment variable that sets flag name: an old
+// controller's name of oldNames, else MATBUS_<NAME> (upper case, '-' → '_').
+// Aliases are in EnvNames.
 func EnvName(name string) string {
 	if v, ok := oldNames[name]; ok {
 		return v
 	}
 	return "MATBUS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// EnvNames returns every environment variable that sets flag name, in
+// precedence order: EnvName first, then the old controller's alias if the
+// flag has one (e.g. [MATBUS_HEALTH_ADDR HEALTH_ADDR]). It has one or two
+// elements.
+func EnvNames(name string) []string {
+	if a, ok := oldAliases[name]; ok {
+		return []string{EnvName(name), a}
+	}
+	return []string{EnvName(name)}
+}
+
+// envLookup looks up an environment variable: its value and whether it is
+// set at all (os.LookupEnv's contract).
+type envLookup func(name string) (value string, ok bool)
+
+// envValue returns the value flag name takes from the environment and the
+// variable it came from, trying EnvNames in order; ok is false when none
+// is set. An empty value counts as set only for emptyDisables flags; for
+// the others it is skipped like an unset variable.
+func envValue(name string, lookup envLookup) (value, from string, ok bool) {
+	for _, n := range EnvNames(name) {
+		v, set := lookup(n)
+		if !set || (v == "" && !emptyDisables[name]) {
+			continue
+		}
+		return v, n, true
+	}
+	return "", "", false
 }
 
 // newFlagSet returns a flag set whose usage lists each flag's environment
@@ -42,7 +93,7 @@ func newFlagSet(name, summary string, _ io.Writer) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
 		w := fs.Output()
-		fmt.Fprintf(w, "Usage: matbus %s [flags]\n\n%s\n\nFlags (each also read from the environment variable shown):\n", name, summary)
+		fmt.Fprintf(w, "Usage: matbus %s [flags]\n\n%s\n\n%s:\n", name, summary, envNote(fs))
 		var names []string
 		fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
 		sort.Strings(names)
@@ -52,10 +103,28 @@ func newFlagSet(name, summary string, _ io.Writer) *flag.FlagSet {
 			if f.DefValue != "" && f.DefValue != "[]" {
 				def = fmt.Sprintf(" (default %s)", f.DefValue)
 			}
-			fmt.Fprintf(w, "  --%s  [env %s]\n      %s%s\n", n, EnvName(n), f.Usage, def)
+			fmt.Fprintf(w, "  --%s  [env %s]\n      %s%s\n", n, strings.Join(EnvNames(n), " or "), f.Usage, def)
 		}
 	}
 	return fs
+}
+
+// envNote is the heading of the flag list in usage: where values come from
+// and in which order, and which empty variables turn a listener off (only
+// those of fs's flags).
+func envNote(fs *flag.FlagSet) string {
+	var off []string
+	for _, n := range []string{"health-addr", "source-list-addr"} {
+		if fs.Lookup(n) != nil && emptyDisables[n] {
+			off = append(off, "--"+n)
+		}
+	}
+	note := "Flags (each also read from the environment variable shown; the command line wins,\n" +
+		"then the first set variable of \"A or B\"; an empty variable counts as unset"
+	if len(off) > 0 {
+		note += ",\nbut an empty variable of " + strings.Join(off, " or ") + " turns that listener off"
+	}
+	return note + ")"
 }
 
 // helpError is -h/--help on the command line: run prints Usage to stdout
@@ -125,9 +194,11 @@ func flagError(fs *flag.FlagSet, err error) error {
 }
 
 // parseWithEnv parses args; every flag not given on the command line takes
-// its environment variable's value when that is set. It returns an error
-// naming the variable when a value does not parse.
-func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) error {
+// its value from the environment (envValue: EnvName, then the old
+// controller's alias; an empty value is unset except for emptyDisables
+// flags). It returns an error naming the variable when a value does not
+// parse, a *helpError for -h/--help, and a one-line usage error otherwise.
+func parseWithEnv(fs *flag.FlagSet, args []string, lookup envLookup) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return &helpError{fs: fs}
@@ -144,11 +215,13 @@ func parseWithEnv(fs *flag.FlagSet, args []string, getenv func(string) string) e
 		if err != nil || set[f.Name] {
 			return
 		}
-		if v := getenv(EnvName(f.Name)); v != "" {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("environment variable %s: %w", EnvName(f.Name),
-					flagError(fs, fmt.Errorf("invalid value %q for flag -%s: %w", v, f.Name, e)))
-			}
+		v, from, ok := envValue(f.Name, lookup)
+		if !ok {
+			return
+		}
+		if e := fs.Set(f.Name, v); e != nil {
+			err = fmt.Errorf("environment variable %s: %w", from,
+				flagError(fs, fmt.Errorf("invalid value %q for flag -%s: %w", v, f.Name, e)))
 		}
 	})
 	return err
@@ -205,8 +278,8 @@ func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Durat
 
 // parseAndValidate parses args (command line first, then environment) and
 // runs each validator; a parse failure is a usage error.
-func parseAndValidate(fs *flag.FlagSet, args []string, getenv func(string) string, validators ...func() error) error {
-	if err := parseWithEnv(fs, args, getenv); err != nil {
+func parseAndValidate(fs *flag.FlagSet, args []string, lookup envLookup, validators ...func() error) error {
+	if err := parseWithEnv(fs, args, lookup); err != nil {
 		return usageErr(err)
 	}
 	for _, v := range validators {

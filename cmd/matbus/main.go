@@ -22,7 +22,8 @@ type subcommand struct {
 // env is what a subcommand may use of the outside world; tests pass their own.
 type env struct {
 	stdout, stderr io.Writer
-	getenv         func(string) string
+	// lookupEnv reads the environment (os.LookupEnv: value, and whether set).
+	lookupEnv envLookup
 }
 
 func subcommands() map[string]subcommand {
@@ -47,7 +48,7 @@ func main() {
 	// SIGHUP (a closed terminal) stops like SIGINT and SIGTERM, so `dev`
 	// removes its temporary state on every way out but SIGKILL.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
-	code := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv})
+	code := run(ctx, os.Args[1:], env{stdout: os.Stdout, stderr: os.Stderr, lookupEnv: os.LookupEnv})
 	stop()
 	os.Exit(code)
 }
@@ -113,7 +114,7 @@ func usage(w io.Writer, cmds map[string]subcommand) {
 
 func runVersion(_ context.Context, args []string, e env) error {
 	fs := newFlagSet("version", "Print the matbus version.", e.stderr)
-	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	fmt.Fprintf(e.stdout, "matbus %s (commit %s, %s)\n", version, revision(), runtime.Version())

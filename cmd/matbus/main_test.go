@@ -23,7 +23,7 @@ func runArgs(t *testing.T, env map[string]string, args ...string) (code int, std
 }
 
 func envT(o, e *bytes.Buffer, m map[string]string) env {
-	return env{stdout: o, stderr: e, getenv: func(k string) string { return m[k] }}
+	return env{stdout: o, stderr: e, lookupEnv: mapEnv(m)}
 }
 
 func TestEnvNames(t *testing.T) {
@@ -44,7 +44,7 @@ func TestParseWithEnv(t *testing.T) {
 	o.register(fs)
 	fs.StringVar(&ns, "namespace", "default", "")
 	env := map[string]string{"SYNC_INTERVAL": "5s", "NAMESPACE": "from-env", "MATBUS_STATIC": "a=https://x:1,b=https://y:1"}
-	if err := parseWithEnv(fs, []string{"--namespace", "from-flag"}, func(k string) string { return env[k] }); err != nil {
+	if err := parseWithEnv(fs, []string{"--namespace", "from-flag"}, mapEnv(env)); err != nil {
 		t.Fatal(err)
 	}
 	if o.interval != 5*time.Second || ns != "from-flag" || len(o.static.listFlag) != 2 {
@@ -53,7 +53,7 @@ func TestParseWithEnv(t *testing.T) {
 	fs2 := newFlagSet("t", "", &bytes.Buffer{})
 	var o2 discoveryOpts
 	o2.register(fs2)
-	err := parseWithEnv(fs2, nil, func(k string) string { return map[string]string{"SYNC_INTERVAL": "-1s"}[k] })
+	err := parseWithEnv(fs2, nil, mapEnv(map[string]string{"SYNC_INTERVAL": "-1s"}))
 	if err == nil || !strings.Contains(err.Error(), "SYNC_INTERVAL") {
 		t.Fatalf("negative SYNC_INTERVAL: %v", err)
 	}

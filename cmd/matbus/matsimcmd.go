@@ -52,7 +52,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&keyFile, "tls-key-file", "", "PEM private key of --tls-cert-file (e.g. tls.key)")
 	fs.BoolVar(&legacy, "legacy", false, "serve the legacy schema (machines[] only)")
 	fs.StringVar(&fault, "fault", "none", "fault to inject: none, 500, malformed, slow, hang")
-	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	log, err := l.logger(e.stderr)

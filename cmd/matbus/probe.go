@@ -19,7 +19,7 @@ func runProbe(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&url, "url", "http://127.0.0.1:8080/readyz", "URL to GET")
 	fs.BoolVar(&insecure, "insecure-skip-verify", false, "do not verify the server's TLS certificate")
 	durationVar(fs, &timeout, "timeout", 3*time.Second, "timeout of the request")
-	if err := parseWithEnv(fs, args, e.getenv); err != nil {
+	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -173,7 +173,7 @@ func TestLoggerRedactsFlagSecrets(t *testing.T) {
 	n.register(fs)
 	l.register(fs)
 	env := map[string]string{"MATBUS_NATS_URL": "nats://svc:" + pw + "@nats.example:4222", "MATBUS_LOG_FORMAT": "json", "MATBUS_NATS_CREDS": creds}
-	if err := parseWithEnv(fs, nil, func(k string) string { return env[k] }); err != nil {
+	if err := parseWithEnv(fs, nil, mapEnv(env)); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer

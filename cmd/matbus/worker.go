@@ -219,7 +219,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	k.register(fs)
 	o.register(fs)
 	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
-	if err := parseAndValidate(fs, args, e.getenv, n.validate, k.validate, o.validate); err != nil {
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
 		return err
 	}
 	log, err := l.logger(e.stderr)
