@@ -441,6 +441,20 @@ func IsTransient(err error) bool {
 	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }
 
+// IsVerificationError reports whether err (from Status, possibly wrapped
+// further) is a refused server certificate: unknown authority, a name that
+// does not match the URL's host, or an invalid (e.g. expired) certificate.
+// Such errors are never transient.
+func IsVerificationError(err error) bool {
+	var (
+		cve *tls.CertificateVerificationError
+		uae x509.UnknownAuthorityError
+		hne x509.HostnameError
+		cie x509.CertificateInvalidError
+	)
+	return errors.As(err, &cve) || errors.As(err, &uae) || errors.As(err, &hne) || errors.As(err, &cie)
+}
+
 func isCertError(err error) bool {
 	var (
 		cve *tls.CertificateVerificationError

@@ -102,8 +102,9 @@ func TestTLSVerifiesDNSNameWithCAFile(t *testing.T) {
 				t.Errorf("error %q does not contain %q", msg, want)
 			}
 		}
-		if matclient.IsTransient(err) {
-			t.Errorf("IsTransient(%v) = true: a certificate of an unknown CA stays unknown", err)
+		if matclient.IsTransient(err) || !matclient.IsVerificationError(err) {
+			t.Errorf("IsTransient(%v) = %v, IsVerificationError = %v: want a permanent verification error", err,
+				matclient.IsTransient(err), matclient.IsVerificationError(err))
 		}
 	})
 
@@ -116,8 +117,9 @@ func TestTLSVerifiesDNSNameWithCAFile(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not contain %q", err, want)
 		}
-		if matclient.IsTransient(err) {
-			t.Errorf("IsTransient(%v) = true for a name mismatch", err)
+		if matclient.IsTransient(err) || !matclient.IsVerificationError(err) {
+			t.Errorf("IsTransient(%v) = %v, IsVerificationError = %v: want a permanent verification error", err,
+				matclient.IsTransient(err), matclient.IsVerificationError(err))
 		}
 	})
 
@@ -131,6 +133,13 @@ func TestTLSVerifiesDNSNameWithCAFile(t *testing.T) {
 			if !strings.Contains(err.Error(), want) {
 				t.Errorf("error %q does not contain %q", err, want)
 			}
+		}
+	})
+
+	t.Run("plain HTTP is no verification error", func(t *testing.T) {
+		err := status(t, "http://"+addr, matclient.Config{})
+		if err == nil || matclient.IsVerificationError(err) {
+			t.Errorf("plain HTTP to a TLS server: %v, IsVerificationError = %v", err, matclient.IsVerificationError(err))
 		}
 	})
 

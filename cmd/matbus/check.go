@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sort"
 	"strings"
@@ -339,7 +340,7 @@ func (c *checker) statusIPs(ctx context.Context) []serviceIP {
 		st, err := mc.Status(ctx)
 		_ = mc.Close()
 		if err != nil {
-			c.add(name, checkFail, "%s: %v", in.URL, err)
+			c.add(name, checkFail, "%s: %v%s", in.URL, err, fetchHint(err, c.d.clusterDomain))
 			continue
 		}
 		d := plan.Build(plan.Instance{Key: in.Key, PodName: in.PodName}, st, opts)
@@ -495,4 +496,19 @@ func (c *checker) createAllowed(ctx context.Context) bool {
 		Spec: authv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authv1.ResourceAttributes{
 			Namespace: c.w.namespace, Verb: "create", Resource: "services"}}}, metav1.CreateOptions{})
 	return err == nil && r.Status.Allowed
+}
+
+// fetchHint is what check adds to a failed status fetch so that the row
+// says what to change: for a refused certificate the flags of trust, for a
+// cluster DNS name that does not resolve where check runs (outside the
+// cluster) where it resolves. It is "" for other errors.
+func fetchHint(err error, clusterDomain string) string {
+	if matclient.IsVerificationError(err) {
+		return " (trust the CA that issued it with --mat-ca-file; for MAT serving a self-signed certificate, --insecure-skip-verify)"
+	}
+	var dnsErr *net.DNSError
+	if errors.As(err, &dnsErr) && clusterDomain != "" && strings.HasSuffix(strings.TrimSuffix(dnsErr.Name, "."), ".svc."+clusterDomain) {
+		return " (a cluster DNS name resolves inside the cluster only: run check in a pod there, or use --mat-host-mode cluster-ip where cluster IPs are routed)"
+	}
+	return ""
 }
