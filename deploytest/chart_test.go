@@ -89,6 +89,8 @@ func TestChartValueErrors(t *testing.T) {
 		{"metrics.serviceMonitor.enabled=true,metrics.podMonitor.enabled=true", "exclusive"},
 		{"metrics.serviceMonitor.enabled=true,metrics.service.enabled=false", "needs metrics.service.enabled"},
 		{"nats.tls.enabled=true", "nats.tls.secretName is required"},
+		{"worker.matCA.secret=a,worker.matCA.configMap=b,worker.insecureSkipVerify=false", "worker.matCA.secret and worker.matCA.configMap are exclusive"},
+		{"worker.matCA.secret=a", "set worker.insecureSkipVerify=false"},
 	} {
 		cmd := []string{"template", "matbus", chartDir, "--set", tc.set}
 		out, err := helmErr(t, cmd...)
@@ -368,6 +370,7 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		"nats.url=http://nats:4222", "nats.subjectPrefix=a..b", "image.digest=latest", "discovery.podAntiAffinity=always",
 		"metrics.serviceMonitor.interval=30", "networkPolicy.egress.natsPort=0",
 		"nats.streamReplicas=0", "nats.streamReplicas=6", "nats.tls.enabled=yes",
+		"worker.matCA.key=../ca.crt", "worker.matCA.secret=true",
 	} {
 		key, _, _ := strings.Cut(set, "=")
 		want := "/" + strings.ReplaceAll(key, ".", "/")

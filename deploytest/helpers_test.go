@@ -42,7 +42,7 @@ var (
 	natsErr  error
 
 	helpMu    sync.Mutex
-	helpCache = map[string]map[string]string{}
+	helpCache = map[string]map[string][]string{}
 
 	clusterOnce sync.Once
 	cluster     *kubelocal.Cluster
@@ -152,11 +152,13 @@ func natsServer(t *testing.T) string {
 	return natsBin
 }
 
-// helpLine is how `matbus <sub> --help` lists a flag: "  --name  [env NAME]".
-var helpLine = regexp.MustCompile(`^  --([a-z0-9-]+)  \[env ([A-Z0-9_]+)\]$`)
+// helpLine is how `matbus <sub> --help` lists a flag: "  --name  [env NAME]",
+// or "  --name  [env NAME or OLD_NAME]" for a flag with an old alias.
+var helpLine = regexp.MustCompile(`^  --([a-z0-9-]+)  \[env ([A-Z0-9_]+(?: or [A-Z0-9_]+)*)\]$`)
 
-// help returns the flags of `matbus <sub> --help`, each with its environment variable.
-func help(t *testing.T, sub string) map[string]string {
+// help returns the flags of `matbus <sub> --help`, each with its
+// environment variables in the order they are read.
+func help(t *testing.T, sub string) map[string][]string {
 	t.Helper()
 	helpMu.Lock()
 	defer helpMu.Unlock()
@@ -169,11 +171,11 @@ func help(t *testing.T, sub string) map[string]string {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("matbus %s --help: %v\n%s", sub, err, out.String())
 	}
-	flags := map[string]string{}
+	flags := map[string][]string{}
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
 		if m := helpLine.FindStringSubmatch(sc.Text()); m != nil {
-			flags[m[1]] = m[2]
+			flags[m[1]] = strings.Split(m[2], " or ")
 		}
 	}
 	if len(flags) == 0 {
@@ -183,11 +185,14 @@ func help(t *testing.T, sub string) map[string]string {
 	return flags
 }
 
-// envOf returns the set of environment variables of `matbus <sub> --help`.
+// envOf returns every environment variable of `matbus <sub> --help`
+// (old aliases included), each with its flag.
 func envOf(t *testing.T, sub string) map[string]string {
 	out := map[string]string{}
-	for f, e := range help(t, sub) {
-		out[e] = f
+	for f, names := range help(t, sub) {
+		for _, e := range names {
+			out[e] = f
+		}
 	}
 	return out
 }

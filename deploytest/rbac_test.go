@@ -341,7 +341,7 @@ func leaseNameOf(t *testing.T, objs []*unstructured.Unstructured) string {
 }
 
 func matDeployment(ns, name string) *appsv1.Deployment {
-	labels := map[string]string{"app": "machine-a-tron"}
+	labels := map[string]string{"app.kubernetes.io/name": "nico-machine-a-tron"}
 	return &appsv1.Deployment{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: appsv1.DeploymentSpec{

@@ -170,6 +170,47 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* Whether worker.matCA names a Secret or a ConfigMap. */}}
+{{- define "matbus.hasMatCA" -}}
+{{- if or .Values.worker.matCA.secret .Values.worker.matCA.configMap }}true{{ end }}
+{{- end }}
+
+{{/* The --mat-ca-file path: the key's file in the mat-ca volume. */}}
+{{- define "matbus.matCAFile" -}}
+/etc/matbus/mat-ca/{{ .Values.worker.matCA.key }}
+{{- end }}
+
+{{/* Volume and mount of the MAT CA bundle (worker.matCA), when there is one. */}}
+{{- define "matbus.matCAVolumes" -}}
+{{- with .Values.worker.matCA }}
+{{- if .secret }}
+- name: mat-ca
+  secret:
+    secretName: {{ .secret }}
+    defaultMode: 0444
+    items:
+      - key: {{ .key }}
+        path: {{ .key }}
+{{- else if .configMap }}
+- name: mat-ca
+  configMap:
+    name: {{ .configMap }}
+    defaultMode: 0444
+    items:
+      - key: {{ .key }}
+        path: {{ .key }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "matbus.matCAVolumeMounts" -}}
+{{- if include "matbus.hasMatCA" . }}
+- name: mat-ca
+  mountPath: /etc/matbus/mat-ca
+  readOnly: true
+{{- end }}
+{{- end }}
+
 {{/* Liveness and readiness probes on the health port. */}}
 {{- define "matbus.probes" -}}
 livenessProbe:
@@ -195,6 +236,12 @@ readinessProbe:
 {{- end }}
 {{- if not (has .Values.worker.bmcIPMode (list "cluster-ip" "external-ip")) }}
 {{- fail (printf "worker.bmcIPMode %q: want cluster-ip or external-ip" .Values.worker.bmcIPMode) }}
+{{- end }}
+{{- if and .Values.worker.matCA.secret .Values.worker.matCA.configMap }}
+{{- fail "worker.matCA.secret and worker.matCA.configMap are exclusive: give the one that holds the CA bundle" }}
+{{- end }}
+{{- if and (include "matbus.hasMatCA" .) .Values.worker.insecureSkipVerify }}
+{{- fail "worker.matCA is set but worker.insecureSkipVerify is true, which ignores it: set worker.insecureSkipVerify=false" }}
 {{- end }}
 {{- if not .Values.image.repository }}
 {{- fail "image.repository is required" }}
