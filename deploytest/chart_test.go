@@ -90,7 +90,7 @@ func TestChartValueErrors(t *testing.T) {
 		{"metrics.serviceMonitor.enabled=true,metrics.service.enabled=false", "needs metrics.service.enabled"},
 		{"nats.tls.enabled=true", "nats.tls.secretName is required"},
 		{"worker.matCA.secret=a,worker.matCA.configMap=b,worker.insecureSkipVerify=false", "worker.matCA.secret and worker.matCA.configMap are exclusive"},
-		{"worker.matCA.secret=a", "set worker.insecureSkipVerify=false"},
+		{"worker.matCA.secret=a,worker.insecureSkipVerify=true", "set worker.insecureSkipVerify=false"},
 	} {
 		cmd := []string{"template", "matbus", chartDir, "--set", tc.set}
 		out, err := helmErr(t, cmd...)

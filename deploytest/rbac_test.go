@@ -61,6 +61,7 @@ func TestChartRBACConverges(t *testing.T) {
 		"--set", "nats.url="+ns2.ClientURL(),
 		"--set", "worker.serviceCIDR[0]="+c.ServiceCIDR,
 		"--set", "worker.enableStateAnnotations=true", // the power state update below
+		"--set", "worker.insecureSkipVerify=true", // matsim's self-signed certificate
 		"--set", "discovery.syncInterval=1s",
 		"--set", "discovery.leaderElection.leaseDuration=4s",
 		"--set", "discovery.leaderElection.renewDeadline=3s",
