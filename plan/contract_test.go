@@ -304,9 +304,7 @@ func TestAdoptOldControllerServices(t *testing.T) {
 				}
 				after = append(after, n)
 			}
-			for _, c := range p.Create {
-				after = append(after, c)
-			}
+			after = append(after, p.Create...)
 			if p2 := Diff(d, after, goldenOptions()); !p2.Empty() {
 				t.Errorf("second Diff: %d creates, %d updates, %d recreates, %d deletes", len(p2.Create), len(p2.Update), len(p2.Recreate), len(p2.Delete))
 			}
