@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/matclient"
+	"github.com/matbus/matbus/operator"
+	"github.com/matbus/matbus/plan"
+)
+
+// runPlan is `matbus plan`: the takeover dry run of package operator,
+// wired to the worker's and discovery's flags. Exit 0: no change; 2:
+// something would change; 1: an error.
+func runPlan(ctx context.Context, args []string, e env) error {
+	fs := newFlagSet("plan", "Dry run: what a worker would do to the Services of the namespace (the old controller's included) — creates, updates with the fields that change, recreates, deletes and adoptions. "+
+		"Takes the flags and environment of `worker` and `discovery`, fetches each status once and writes nothing; exits 0 when nothing would change, 2 when something would, 1 on an error.", e.stderr)
+	var (
+		n       natsOpts
+		l       logOpts
+		k       kubeOpts
+		w       workerOpts
+		d       discoveryOpts
+		timeout time.Duration
+		output  string
+	)
+	n.register(fs)
+	n.registerTLS(fs)
+	n.registerReplicas(fs)
+	l.register(fs)
+	k.register(fs)
+	w.register(fs)
+	d.register(fs)
+	durationVar(fs, &timeout, "timeout", time.Minute, "how long discovery, the fetches and the Service list together may take")
+	fs.StringVar(&output, "output", "text", "output format: text or json")
+	fs.StringVar(&output, "o", "text", "shorthand for --output")
+	validOutput := func() error {
+		if output != "text" && output != "json" {
+			return fmt.Errorf("%w: --output %q: want text or json", errUsage, output)
+		}
+		return nil
+	}
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, d.validate, validOutput); err != nil {
+		return err
+	}
+	log, err := l.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("component", "plan")
+	if err := w.loadMatRoots(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	cfg, err := k.restConfig()
+	if err != nil {
+		return err
+	}
+	kube, err := kubeClient(cfg)
+	if err != nil {
+		return err
+	}
+	var src discovery.Source
+	if d.isStatic() {
+		if src, err = d.source(nil, w.namespace, log, nil); err != nil {
+			return err
+		}
+	} else {
+		src, err = discovery.NewKube(kube, discovery.KubeConfig{Namespace: w.namespace, Selector: d.selector,
+			Scheme: d.scheme, HostMode: d.hostMode, ClusterDomain: d.clusterDomain}, log,
+			func(key, msg string) { log.Warn("discovery", "instance", key, "error", msg) })
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+	}
+	insts, err := operator.Instances(ctx, src)
+	if err != nil {
+		return err
+	}
+	mode, _ := plan.ParseIPMode(w.ipMode)
+	sel, _ := parseSelector(w.targetSelector)
+	mcfg := w.matConfig("matbus-plan/" + version)
+	r, err := operator.Plan(ctx, operator.PlanConfig{
+		Kube:      kube,
+		Options:   plan.Options{Namespace: w.namespace, ManagedBy: w.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: w.stateAnnotations},
+		NewClient: func(url string) (operator.StatusClient, error) { return matclient.New(url, mcfg) },
+		Fetches:   w.fetches,
+	}, insts)
+	if err != nil {
+		return err
+	}
+	if output == "json" {
+		err = operator.WriteJSON(e.stdout, r)
+	} else {
+		err = operator.WriteText(e.stdout, r)
+	}
+	if err != nil {
+		return err
+	}
+	if c := r.ExitCode(); c != 0 {
+		return exitCode(c)
+	}
+	return nil
+}

@@ -1,0 +1,280 @@
+package operator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/matclient"
+	"github.com/matbus/matbus/plan"
+)
+
+// ErrNoInstance is returned by Plan and Instances when discovery finds no
+// MAT instance: there is nothing to plan.
+var ErrNoInstance = errors.New("operator: no MAT instance found")
+
+// StatusClient fetches one MAT instance's status (*matclient.Client).
+type StatusClient interface {
+	Status(ctx context.Context) (*matclient.Status, error)
+	Close() error
+}
+
+// PlanConfig is what Plan needs.
+type PlanConfig struct {
+	// Kube is only read: GET of the MAT Deployments (owners), one LIST of
+	// the Services of Options.Namespace.
+	Kube kubernetes.Interface
+	// Options are the worker's plan options (--namespace, --managed-by,
+	// --bmc-ip-mode, --target-selector, --enable-state-annotations).
+	// Options.Namespace must be set.
+	Options plan.Options
+	// NewClient returns the status client of one instance URL, closed after
+	// its one fetch.
+	NewClient func(url string) (StatusClient, error)
+	// Fetches is how many statuses are fetched at once; 0 or less means 8.
+	Fetches int
+}
+
+// Instances returns the instances src reports once it has synced: what
+// discovery would publish now, sorted by key. Errors: src cannot start,
+// ctx ends before it synced, or ErrNoInstance.
+func Instances(ctx context.Context, src discovery.Source) ([]events.Instance, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if err := src.Run(sctx, func() {}); err != nil {
+		return nil, fmt.Errorf("operator: discovery %s: %w", src.Scope(), err)
+	}
+	for {
+		if insts, ok := src.Instances(); ok {
+			if len(insts) == 0 {
+				return nil, fmt.Errorf("%w (discovery %s)", ErrNoInstance, src.Scope())
+			}
+			return insts, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("operator: discovery %s did not sync: %w", src.Scope(), ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Plan fetches every instance's status once, lists the live Services of
+// cfg.Options.Namespace once (the old controller's included), and runs
+// plan.Build and plan.Diff per instance as a worker's sync does, with the
+// same options, the owner reference of the instance's MAT Deployment and
+// the same Services: the instance's own, the old controller's (managed-by
+// ours, no matbus.io/instance label) and, in external-ip mode, the IPs
+// other instances publish. It also passes every listed Service that holds
+// a desired name, so a name taken by a foreign Service is reported as
+// skipped (the worker's create would be refused with AlreadyExists).
+//
+// It writes nothing. A failed fetch or an unreadable owner Deployment is
+// the instance's Error (the others are still planned; a failed fetch plans
+// nothing for it). Errors: ErrNoInstance for no instances, the Service
+// list failing (e.g. an unreachable API server), ctx ending.
+func Plan(ctx context.Context, cfg PlanConfig, insts []events.Instance) (*Report, error) {
+	if len(insts) == 0 {
+		return nil, ErrNoInstance
+	}
+	if cfg.Kube == nil || cfg.NewClient == nil || cfg.Options.Namespace == "" {
+		return nil, errors.New("operator: PlanConfig needs Kube, NewClient and Options.Namespace")
+	}
+	ns := cfg.Options.Namespace
+	list, err := cfg.Kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("operator: list Services of namespace %s: %w", ns, err)
+	}
+	live := make([]*corev1.Service, len(list.Items))
+	for i := range list.Items {
+		live[i] = &list.Items[i]
+	}
+	sts := fetchAll(ctx, cfg, insts)
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("operator: plan: %w", err)
+	}
+
+	r := &Report{Namespace: ns, IPMode: cfg.Options.IPMode, Services: len(live)}
+	if r.IPMode == "" {
+		r.IPMode = plan.IPModeClusterIP
+	}
+	idx := newLiveIndex(live, cfg.Options)
+	for i, in := range insts {
+		ip := InstancePlan{Key: in.Key, URL: in.URL, PodName: in.PodName, Owner: in.Owner}
+		if sts[i].err != nil {
+			ip.Error = fmt.Sprintf("status fetch failed, nothing planned: %v", sts[i].err)
+			r.Instances = append(r.Instances, ip)
+			continue
+		}
+		owner, oerr := ownerRef(ctx, cfg.Kube, in)
+		if oerr != nil {
+			ip.Error = fmt.Sprintf("owner Deployment not readable, planned without an owner reference as the worker would: %v", oerr)
+		}
+		d := plan.Build(plan.Instance{Key: in.Key, PodName: in.PodName, Owner: owner}, sts[i].st, cfg.Options)
+		existing := idx.existing(in.Key, d.Services)
+		if cfg.Options.IPMode == plan.IPModeExternalIP {
+			d.ForeignIPs = idx.foreignIPs(plan.LabelValue(in.Key), existing)
+		}
+		p := plan.Diff(d, existing, cfg.Options)
+		ip.fill(d, p, idx.managedBy)
+		r.Instances = append(r.Instances, ip)
+	}
+	r.count()
+	return r, nil
+}
+
+type fetched struct {
+	st  *matclient.Status
+	err error
+}
+
+// fetchAll fetches each instance's status once, cfg.Fetches at a time.
+func fetchAll(ctx context.Context, cfg PlanConfig, insts []events.Instance) []fetched {
+	n := cfg.Fetches
+	if n <= 0 {
+		n = 8
+	}
+	out := make([]fetched, len(insts))
+	sem := make(chan struct{}, n)
+	var wg sync.WaitGroup
+	for i, in := range insts {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c, err := cfg.NewClient(in.URL)
+			if err != nil {
+				out[i].err = fmt.Errorf("%s: %w", in.URL, err)
+				return
+			}
+			defer func() { _ = c.Close() }()
+			st, err := c.Status(ctx)
+			if err != nil {
+				out[i].err = fmt.Errorf("%s: %w", in.URL, err)
+				return
+			}
+			out[i].st = st
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// ownerRef is the worker's owner lookup: the instance's MAT Deployment
+// (in the namespace of its key), nil when it has none or it does not exist;
+// an error when it cannot be read.
+func ownerRef(ctx context.Context, kube kubernetes.Interface, in events.Instance) (*metav1.OwnerReference, error) {
+	if in.Owner == "" {
+		return nil, nil
+	}
+	ns, _, err := events.SplitKey(in.Key)
+	if err != nil {
+		return nil, nil
+	}
+	d, err := kube.AppsV1().Deployments(ns).Get(ctx, in.Owner, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get Deployment %s/%s: %w", ns, in.Owner, err)
+	}
+	return &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID}, nil
+}
+
+// liveIndex is the listed Services as the worker's informer indexes them:
+// only Services with our managed-by value, by instance label and by the IP
+// they publish; plus every listed Service by name.
+type liveIndex struct {
+	managedBy string
+	byName    map[string]*corev1.Service
+	byInst    map[string][]*corev1.Service // "" key: ours without an instance label
+	byIP      map[string][]*corev1.Service
+}
+
+func newLiveIndex(live []*corev1.Service, opts plan.Options) *liveIndex {
+	mb := opts.ManagedBy
+	if mb == "" {
+		mb = plan.DefaultManagedBy
+	}
+	x := &liveIndex{managedBy: plan.LabelValue(mb), byName: map[string]*corev1.Service{},
+		byInst: map[string][]*corev1.Service{}, byIP: map[string][]*corev1.Service{}}
+	for _, s := range live {
+		x.byName[s.Name] = s
+		if s.Labels[plan.LabelManagedBy] != x.managedBy {
+			continue
+		}
+		inst := s.Labels[plan.LabelInstance] // "" when absent: the old controller's
+		x.byInst[inst] = append(x.byInst[inst], s)
+		if ip := plan.ServiceIP(s); ip != "" {
+			x.byIP[ip] = append(x.byIP[ip], s)
+		}
+	}
+	return x
+}
+
+// existing is the worker's existing(): the Services of instance key, the
+// old controller's, and any listed Service holding a desired name, sorted
+// by name.
+func (x *liveIndex) existing(key string, desired []*corev1.Service) []*corev1.Service {
+	var out []*corev1.Service
+	seen := map[string]bool{}
+	add := func(s *corev1.Service) {
+		if !seen[s.Name] {
+			seen[s.Name] = true
+			out = append(out, s)
+		}
+	}
+	if v := plan.LabelValue(key); v != "" {
+		for _, s := range x.byInst[v] {
+			add(s)
+		}
+	}
+	for _, s := range x.byInst[""] {
+		if _, ok := s.Labels[plan.LabelInstance]; !ok {
+			add(s)
+		}
+	}
+	for _, d := range desired {
+		if s, ok := x.byName[d.Name]; ok {
+			add(s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// foreignIPs is the worker's foreignIPs(): of the cluster IPs of existing
+// (the Services passed to Diff for instance label value inst), those that
+// another instance's Service
+// publishes as its BMC or NVOS IP, with who publishes it.
+func (x *liveIndex) foreignIPs(inst string, existing []*corev1.Service) map[string]string {
+	var out map[string]string
+	for _, s := range existing {
+		ip := s.Spec.ClusterIP
+		if ip == "" || ip == corev1.ClusterIPNone || ip == plan.ServiceIP(s) {
+			continue
+		}
+		for _, h := range x.byIP[ip] {
+			if h.Labels[plan.LabelInstance] == inst || h.Labels[plan.LabelInstance] == "" {
+				continue
+			}
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[ip] = fmt.Sprintf("Service %s of instance %q", h.Name, h.Labels[plan.LabelInstance])
+			break
+		}
+	}
+	return out
+}

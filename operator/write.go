@@ -1,0 +1,136 @@
+package operator
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// WriteJSON writes r as one indented JSON document. Errors: w's.
+func WriteJSON(w io.Writer, r *Report) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("operator: write plan JSON: %w", err)
+	}
+	return nil
+}
+
+// WriteText writes r for a terminal: per instance one line per Service
+// action (create, update, recreate, delete, adopt, skip, held) with the
+// fields that change, then a summary line, "no change" when nothing
+// would change. Errors: w's.
+func WriteText(w io.Writer, r *Report) error {
+	b := &strings.Builder{}
+	fmt.Fprintf(b, "namespace %s, --bmc-ip-mode %s: %d Services listed, %d instances\n", r.Namespace, r.IPMode, r.Services, len(r.Instances))
+	for _, ip := range r.Instances {
+		fmt.Fprintf(b, "\ninstance %s (%s", ip.Key, ip.URL)
+		if ip.PodName != "" {
+			fmt.Fprintf(b, ", pod %s", ip.PodName)
+		}
+		if ip.Owner != "" {
+			fmt.Fprintf(b, ", owner Deployment %s", ip.Owner)
+		}
+		b.WriteString(")\n")
+		if ip.Error != "" {
+			fmt.Fprintf(b, "  ERROR     %s\n", ip.Error)
+		}
+		if ip.Plan == nil {
+			continue
+		}
+		for _, c := range ip.Create {
+			fmt.Fprintf(b, "  create    %s  %s %s, mat_id %s\n", c.Name, c.MachineType, c.IP, c.MatID)
+		}
+		for _, c := range ip.Update {
+			note := ""
+			if c.Adopt {
+				note = "  (adopts the old controller's Service)"
+			}
+			fmt.Fprintf(b, "  update    %s%s\n", c.Name, note)
+			writeFields(b, c.Fields)
+		}
+		for _, c := range ip.Recreate {
+			fmt.Fprintf(b, "  recreate  %s  %s\n", c.Name, c.Reason)
+			writeFields(b, c.Fields)
+		}
+		for _, d := range ip.Delete {
+			fmt.Fprintf(b, "  delete    %s  mat_id %s\n", d.Name, d.MatID)
+		}
+		for _, c := range ip.Adopt {
+			fmt.Fprintf(b, "  adopt     %s  %s\n", c.Name, additionsText(c.Fields))
+		}
+		for _, s := range ip.Skipped {
+			fmt.Fprintf(b, "  skip      %s  %s\n", s.Name, s.Reason)
+		}
+		for _, h := range ip.Held {
+			name := h.Name
+			if name == "" {
+				name = "(no name)"
+			}
+			fmt.Fprintf(b, "  held      %s  mat_id %s: %s", name, h.MatID, h.Reason)
+			if h.Detail != "" {
+				fmt.Fprintf(b, " (%s)", h.Detail)
+			}
+			b.WriteString("\n")
+		}
+		if ip.Changes() == 0 && ip.Error == "" {
+			fmt.Fprintf(b, "  no change (%d adoptions)\n", len(ip.Adopt))
+		}
+	}
+	b.WriteString("\n")
+	creates, updates, recreates, deletes := 0, 0, 0, 0
+	for _, ip := range r.Instances {
+		creates += len(ip.Create)
+		updates += len(ip.Update)
+		recreates += len(ip.Recreate)
+		deletes += len(ip.Delete)
+	}
+	if r.Changes == 0 {
+		fmt.Fprintf(b, "no change (%d adoptions that only add matbus's labels and annotation)", r.Adoptions)
+	} else {
+		fmt.Fprintf(b, "%d changes: %d creates, %d updates, %d recreates, %d deletes; %d adoptions that only add matbus's labels and annotation",
+			r.Changes, creates, updates, recreates, deletes, r.Adoptions)
+	}
+	if r.Errors > 0 {
+		fmt.Fprintf(b, "; %d instances with errors:", r.Errors)
+		for _, ip := range r.Instances {
+			if ip.Error != "" {
+				fmt.Fprintf(b, "\n  %s: %s", ip.Key, ip.Error)
+			}
+		}
+	}
+	b.WriteString("\n")
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("operator: write plan: %w", err)
+	}
+	return nil
+}
+
+// writeFields writes one line per field change:
+// "+ label k=v", "~ annotation k: old -> new", "- port ssh (TCP 22->2222)".
+func writeFields(b *strings.Builder, fs []FieldChange) {
+	for _, f := range fs {
+		what := f.Field
+		if f.Key != "" {
+			what += " " + f.Key
+		}
+		switch f.Op {
+		case "add":
+			fmt.Fprintf(b, "              + %s: %q\n", what, f.New)
+		case "remove":
+			fmt.Fprintf(b, "              - %s (was %q)\n", what, f.Old)
+		default:
+			fmt.Fprintf(b, "              ~ %s: %q -> %q\n", what, f.Old, f.New)
+		}
+	}
+}
+
+// additionsText is "+k=v, +k2=v2" of an adoption's field changes.
+func additionsText(fs []FieldChange) string {
+	s := make([]string, len(fs))
+	for i, f := range fs {
+		s[i] = "+" + f.Key + "=" + f.New
+	}
+	return strings.Join(s, ", ")
+}
