@@ -74,6 +74,8 @@ func runCheck(ctx context.Context, args []string, e env) error {
 	c.w.register(fs)
 	c.d.register(fs)
 	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all checks together may take")
+	var healthAddr string // the worker's and discovery's, so their flags and env apply unchanged
+	fs.StringVar(&healthAddr, "health-addr", "", "accepted as in worker and discovery; check serves no endpoint")
 	if err := parseAndValidate(fs, args, e.lookupEnv, c.n.validate, c.k.validate, c.w.validate, c.d.validate); err != nil {
 		return err
 	}
@@ -386,7 +388,12 @@ func (c *checker) instances(ctx context.Context) ([]events.Instance, error) {
 			return nil, errors.New("discovery from Kubernetes Services needs the Kubernetes API (or use --static)")
 		}
 		k, err := discovery.NewKube(c.kube, discovery.KubeConfig{Namespace: c.w.namespace, Selector: c.d.selector,
-			Scheme: c.d.scheme, HostMode: c.d.hostMode, ClusterDomain: c.d.clusterDomain}, c.log, func(key, msg string) { c.log.Warn("discovery", "instance", key, "error", msg) })
+			Scheme: c.d.scheme, HostMode: c.d.hostMode, ClusterDomain: c.d.clusterDomain}, c.log, func(key, msg string) {
+			// A MAT Service discovery cannot use: discovery reports it at
+			// every pass and publishes nothing for it.
+			c.log.Warn("discovery", "instance", key, "error", msg)
+			c.add("MAT Service "+key, checkFail, "not usable as a MAT instance: %s", msg)
+		})
 		if err != nil {
 			return nil, err
 		}

@@ -6,11 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/matbus/matbus/discovery"
@@ -57,6 +59,9 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 }
 
 func (o *discoveryOpts) validate() error {
+	if errs := validation.IsDNS1123Subdomain(o.clusterDomain); len(errs) > 0 {
+		return fmt.Errorf("%w: --cluster-domain %q is not a DNS name (e.g. %s): %s", errUsage, o.clusterDomain, discovery.DefaultClusterDomain, strings.Join(errs, "; "))
+	}
 	if o.interval < time.Second {
 		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
 	}

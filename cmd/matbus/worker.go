@@ -80,8 +80,12 @@ func (o *workerOpts) validate() error {
 	if _, err := worker.ParseCIDRs(o.serviceCIDRs); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if _, err := parseSelector(o.targetSelector); err != nil {
+	sel, err := parseSelector(o.targetSelector)
+	if err != nil {
 		return err
+	}
+	if len(sel) == 0 {
+		return fmt.Errorf("%w: --target-selector is empty: name the MAT pods' labels, key=value[,key=value] (the old controller's is %s)", errUsage, plan.DefaultTargetSelector)
 	}
 	if errs := validation.IsValidLabelValue(o.managedBy); o.managedBy == "" || len(errs) > 0 {
 		return fmt.Errorf("%w: --managed-by %q is not a valid label value: %s", errUsage, o.managedBy, strings.Join(errs, "; "))
