@@ -254,27 +254,8 @@ func (x *liveIndex) existing(key string, desired []*corev1.Service) []*corev1.Se
 	return out
 }
 
-// foreignIPs is the worker's foreignIPs(): of the cluster IPs of existing
-// (the Services passed to Diff for instance label value inst), those that
-// another instance's Service
-// publishes as its BMC or NVOS IP, with who publishes it.
+// foreignIPs is the worker's: plan.ForeignIPs over the live Services by
+// IP.
 func (x *liveIndex) foreignIPs(inst string, existing []*corev1.Service) map[string]string {
-	var out map[string]string
-	for _, s := range existing {
-		ip := s.Spec.ClusterIP
-		if ip == "" || ip == corev1.ClusterIPNone || ip == plan.ServiceIP(s) {
-			continue
-		}
-		for _, h := range x.byIP[ip] {
-			if h.Labels[plan.LabelInstance] == inst || h.Labels[plan.LabelInstance] == "" {
-				continue
-			}
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[ip] = fmt.Sprintf("Service %s of instance %q", h.Name, h.Labels[plan.LabelInstance])
-			break
-		}
-	}
-	return out
+	return plan.ForeignIPs(inst, existing, func(ip string) []*corev1.Service { return x.byIP[ip] })
 }

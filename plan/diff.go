@@ -510,3 +510,33 @@ func recreated(have, want *corev1.Service, mode IPMode) *corev1.Service {
 	}
 	return n
 }
+
+// ForeignIPs returns, of the allocated cluster IPs of mine (Services of the
+// instance whose LabelInstance value is inst), those that a Service of
+// another instance publishes as its BMC or NVOS IP (ServiceIP), each with
+// who publishes it, e.g. `Service mat-bmc-host-y of instance "ns.mat-b"`:
+// the Desired.ForeignIPs to pass to Diff. publishers returns the Services
+// whose ServiceIP is ip (an informer index, say). A cluster IP that is the
+// Service's own IP, and Services without an instance label, are not
+// looked at. nil when there is none.
+func ForeignIPs(inst string, mine []*corev1.Service, publishers func(ip string) []*corev1.Service) map[string]string {
+	var out map[string]string
+	for _, s := range mine {
+		ip := s.Spec.ClusterIP
+		if ip == "" || ip == corev1.ClusterIPNone || ip == ServiceIP(s) {
+			continue
+		}
+		for _, h := range publishers(ip) {
+			other := h.Labels[LabelInstance]
+			if other == inst || other == "" {
+				continue
+			}
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[ip] = "Service " + h.Name + " of instance " + quote(other)
+			break
+		}
+	}
+	return out
+}

@@ -130,19 +130,7 @@ func TestTakeOverFromOldController(t *testing.T) {
 	e := newEnv(t)
 	old := createOldControllerServices(e)
 
-	entries := make([]discovery.StaticEntry, 0, len(goldenInstances))
-	for _, gi := range goldenInstances {
-		sim := e.startSim(matsim.Options{FixturePath: gi.fixture})
-		en := e.entry(gi.service, sim.URL())
-		en.PodName, en.Owner = gi.pod, gi.pod
-		entries = append(entries, en)
-	}
-	e.startDiscovery(entries...)
-	k, v, _ := strings.Cut(plan.DefaultTargetSelector, "=")
-	w := e.startWorker(workerOpts{Tweak: func(c *worker.Config) {
-		c.Plan.TargetSelector = map[string]string{k: v}
-		c.Plan.StateAnnotations = true
-	}})
+	w := startGolden(e)
 
 	adopted := func(s *corev1.Service) bool { return s.Labels[plan.LabelInstance] != "" }
 	withIP := 0

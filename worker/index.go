@@ -75,35 +75,25 @@ func ipIndex(obj any) ([]string, error) {
 	return nil, nil
 }
 
-// foreignIPs returns, of the cluster IPs of mine (the Services of instance
-// label value inst), those that a Service of another instance publishes as
-// its BMC or NVOS IP, each with who publishes it. nil when none or when the
-// index is missing (nothing is recreated on a guess).
+// foreignIPs is plan.ForeignIPs over the informer's index by IP: the IPs
+// that other instances publish among the cluster IPs of mine (the Services
+// of instance label value inst). nil when none or when the index is missing
+// (nothing is recreated on a guess).
 func (w *Worker) foreignIPs(inst string, mine []*corev1.Service) map[string]string {
 	if w.byInst == nil {
 		return nil
 	}
-	var out map[string]string
-	for _, s := range mine {
-		ip := s.Spec.ClusterIP
-		if ip == "" || ip == corev1.ClusterIPNone || ip == plan.ServiceIP(s) {
-			continue
-		}
+	return plan.ForeignIPs(inst, mine, func(ip string) []*corev1.Service {
 		objs, err := w.byInst.ByIndex(byIP, ip)
 		if err != nil {
 			return nil
 		}
+		out := make([]*corev1.Service, 0, len(objs))
 		for _, o := range objs {
-			h, ok := o.(*corev1.Service)
-			if !ok || h.Labels[plan.LabelInstance] == inst || h.Labels[plan.LabelInstance] == "" {
-				continue
+			if h, ok := o.(*corev1.Service); ok {
+				out = append(out, h)
 			}
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[ip] = fmt.Sprintf("Service %s of instance %q", h.Name, h.Labels[plan.LabelInstance])
-			break
 		}
-	}
-	return out
+		return out
+	})
 }
