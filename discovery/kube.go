@@ -164,17 +164,8 @@ func (s *KubeSource) Run(ctx context.Context, notify func()) error {
 
 // Instances implements Source.
 func (s *KubeSource) Instances() ([]events.Instance, bool) {
-	if s.lister == nil || !s.synced() {
-		return nil, false
-	}
-	var svcs []*corev1.Service
-	var err error
-	if s.cfg.Namespace != "" {
-		svcs, err = s.lister.Services(s.cfg.Namespace).List(s.selector)
-	} else {
-		svcs, err = s.lister.List(s.selector)
-	}
-	if err != nil {
+	svcs, ok := s.selected()
+	if !ok {
 		return nil, false
 	}
 	out := make([]events.Instance, 0, len(svcs))
@@ -188,6 +179,34 @@ func (s *KubeSource) Instances() ([]events.Instance, bool) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, true
+}
+
+// selected returns the Services the selector picks in the configured
+// namespace (all namespaces when ""), from the informer cache; false until
+// the informer has synced or when the cache cannot be listed.
+func (s *KubeSource) selected() ([]*corev1.Service, bool) {
+	if s.lister == nil || !s.synced() {
+		return nil, false
+	}
+	var svcs []*corev1.Service
+	var err error
+	if s.cfg.Namespace != "" {
+		svcs, err = s.lister.Services(s.cfg.Namespace).List(s.selector)
+	} else {
+		svcs, err = s.lister.List(s.selector)
+	}
+	return svcs, err == nil
+}
+
+// apiPort is the port of the MAT API on svc: the one named "redfish" or
+// "bmc-mock", else the first. svc has at least one port.
+func apiPort(svc *corev1.Service) int32 {
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "redfish" || p.Name == "bmc-mock" {
+			return p.Port
+		}
+	}
+	return svc.Spec.Ports[0].Port
 }
 
 // InstanceFromService is the rule that turns a discovered Service into an
@@ -212,13 +231,7 @@ func (s *KubeSource) instance(svc *corev1.Service) (events.Instance, error) {
 	if len(svc.Spec.Ports) == 0 {
 		return events.Instance{}, fmt.Errorf("service %s/%s has no ports", svc.Namespace, svc.Name)
 	}
-	port := svc.Spec.Ports[0].Port
-	for _, p := range svc.Spec.Ports {
-		if p.Name == "redfish" || p.Name == "bmc-mock" {
-			port = p.Port
-			break
-		}
-	}
+	port := apiPort(svc)
 	host := ServiceDNSName(svc.Name, svc.Namespace, s.cfg.ClusterDomain)
 	if s.cfg.HostMode == HostModeClusterIP {
 		host = svc.Spec.ClusterIP

@@ -15,8 +15,6 @@ import (
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-
 	"github.com/matbus/matbus/events"
 )
 
@@ -104,17 +102,8 @@ func entriesOf(src Source) ([]SourceEntry, bool) {
 // with a new cluster IP keeps its entry; URLAnnotation is used as is. It
 // reports nothing: Instances already reports the Services it skips.
 func (s *KubeSource) SourceEntries() ([]SourceEntry, bool) {
-	if s.lister == nil || !s.synced() {
-		return nil, false
-	}
-	var svcs []*corev1.Service
-	var err error
-	if s.cfg.Namespace != "" {
-		svcs, err = s.lister.Services(s.cfg.Namespace).List(s.selector)
-	} else {
-		svcs, err = s.lister.List(s.selector)
-	}
-	if err != nil {
+	svcs, ok := s.selected()
+	if !ok {
 		return nil, false
 	}
 	out := make([]SourceEntry, 0, len(svcs))
@@ -132,13 +121,7 @@ func (s *KubeSource) SourceEntries() ([]SourceEntry, bool) {
 			if len(svc.Spec.Ports) == 0 {
 				continue
 			}
-			port := svc.Spec.Ports[0].Port
-			for _, p := range svc.Spec.Ports {
-				if p.Name == "redfish" || p.Name == "bmc-mock" {
-					port = p.Port
-					break
-				}
-			}
+			port := apiPort(svc)
 			host := ServiceDNSName(svc.Name, svc.Namespace, s.cfg.ClusterDomain)
 			e.BaseURL = s.cfg.Scheme + "://" + net.JoinHostPort(host, strconv.Itoa(int(port)))
 		}
