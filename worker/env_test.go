@@ -302,14 +302,22 @@ func generatedFleet(t *testing.T, subnet string, seed int64) *matsim.Fleet {
 	return f
 }
 
-// startDiscovery runs a Publisher of a static source with entries, ticking
-// every syncInterval, as `matbus discovery` does while leading.
+// startDiscovery runs a Publisher of a static source with entries (see
+// startPublisher).
 func (e *env) startDiscovery(entries ...discovery.StaticEntry) *discovery.StaticSource {
 	e.t.Helper()
 	src, err := discovery.NewStatic("test", entries)
 	if err != nil {
 		e.t.Fatalf("static source: %v", err)
 	}
+	e.startPublisher(src)
+	return src
+}
+
+// startPublisher runs a Publisher of src, ticking every syncInterval, as
+// `matbus discovery` does while leading.
+func (e *env) startPublisher(src discovery.Source) {
+	e.t.Helper()
 	nc, bus := e.connect("discovery")
 	log := e.log.With("part", "discovery")
 	pub := discovery.NewPublisher(bus, src, discovery.PublisherConfig{SyncInterval: syncInterval},
@@ -329,7 +337,6 @@ func (e *env) startDiscovery(entries ...discovery.StaticEntry) *discovery.Static
 		}
 		nc.Close()
 	})
-	return src
 }
 
 // workerOpts shape one test worker.

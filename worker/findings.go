@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"fmt"
-	"log/slog"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/plan"
@@ -46,17 +45,16 @@ func (w *Worker) reportSkipped(ctx context.Context, key string, p plan.Plan) {
 	}
 }
 
-// reportForeignRecreates logs at warn level and publishes a plan error event
-// for each recreate of p whose cluster IP is an IP another instance
-// publishes (plan.Update.Foreign): two instances' Services were fighting
-// over one IP, which the recreate ends.
-func (w *Worker) reportForeignRecreates(ctx context.Context, log *slog.Logger, key string, p plan.Plan) {
+// reportForeignRecreates publishes (and so logs) a plan error event for each
+// recreate of p whose cluster IP is an IP another instance publishes
+// (plan.Update.Foreign): two instances' Services were fighting over one IP,
+// which the recreate ends.
+func (w *Worker) reportForeignRecreates(ctx context.Context, key string, p plan.Plan) {
 	for _, u := range p.Recreate {
 		if !u.Foreign {
 			continue
 		}
 		msg := fmt.Sprintf("Service %s is recreated for a fresh cluster IP: %s", u.Old.Name, u.Reason)
-		log.Warn("cluster IP taken from another instance's device", "service", u.Old.Name, "reason", u.Reason)
 		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: u.New.Annotations[plan.AnnotationMatID],
 			Service: w.cfg.Plan.Namespace + "/" + u.Old.Name, Message: msg})
 	}

@@ -193,7 +193,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	}
 	p := plan.Diff(desired, existing, w.cfg.Plan)
 	w.reportSkipped(ctx, key, p)
-	w.reportForeignRecreates(ctx, log, key, p)
+	w.reportForeignRecreates(ctx, key, p)
 	err = w.apply(ctx, log, key, p, fetchedAt, fpTag(fp))
 	if len(p.Create)+len(p.Recreate) > 0 && ctx.Err() == nil {
 		w.afterGone(ctx, key, rec.Seq, jobID)

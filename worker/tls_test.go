@@ -1,12 +1,10 @@
 package worker_test
 
 import (
-	"context"
 	"net"
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -113,29 +111,4 @@ func hostOf(t *testing.T, raw string) string {
 		t.Fatal(err)
 	}
 	return u.Host
-}
-
-// startPublisher runs a Publisher of src, ticking every syncInterval, as
-// `matbus discovery` does while leading.
-func (e *env) startPublisher(src discovery.Source) {
-	e.t.Helper()
-	nc, bus := e.connect("discovery")
-	log := e.log.With("part", "discovery")
-	pub := discovery.NewPublisher(bus, src, discovery.PublisherConfig{SyncInterval: syncInterval},
-		events.NewReporter(bus, log, "discovery", 0), log)
-	ctx, cancel := context.WithCancel(e.ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(ctx) }()
-	e.onStop(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				e.t.Errorf("publisher: %v", err)
-			}
-		case <-time.After(waitTimeout):
-			e.t.Errorf("publisher did not stop within %v", waitTimeout)
-		}
-		nc.Close()
-	})
 }
