@@ -54,33 +54,6 @@ func TestTruncate(t *testing.T) {
 	}
 }
 
-func TestStripUserInfo(t *testing.T) {
-	cases := []struct{ name, in, want string }{
-		{"user and password", "nats://alice:s3cret@10.0.0.1:4222", "nats://***@10.0.0.1:4222"},
-		{"token", "nats://tok3n@nats.example:4222", "nats://***@nats.example:4222"},
-		{"no user info", "nats://127.0.0.1:4222", "nats://127.0.0.1:4222"},
-		{"list", "nats://a:b@h1:4222,tls://t@h2:4222", "nats://***@h1:4222,tls://***@h2:4222"},
-		{"list with spaces", "nats://a:b@h1:4222, nats://h2:4222", "nats://***@h1:4222, nats://h2:4222"},
-		{"at sign in password", "nats://u:p@ss@h:1", "nats://***@h:1"},
-		{"ipv6 host", "nats://u:p@[::1]:4222", "nats://***@[::1]:4222"},
-		{"path and query kept", "https://u:p@h:6443/api?x=a@b", "https://***@h:6443/api?x=a@b"},
-		{"quoted in an error", `Get "https://u:p@10.1.2.3:6443/api": dial tcp: refused`, `Get "https://***@10.1.2.3:6443/api": dial tcp: refused`},
-		{"net/http masked password", `Get "https://tok:***@h/x": EOF`, `Get "https://***@h/x": EOF`},
-		{"mail address is not a URL", "mail ops@example.com now", "mail ops@example.com now"},
-		{"url then mail address", "nats://h:1 ops@example.com", "nats://h:1 ops@example.com"},
-		{"empty user info", "nats://@h:1", "nats://@h:1"},
-		{"two urls in text", "from nats://a:b@h1:1 to nats://c@h2:2.", "from nats://***@h1:1 to nats://***@h2:2."},
-		{"empty", "", ""},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if got := StripUserInfo(c.in); got != c.want {
-				t.Fatalf("StripUserInfo(%q) = %q, want %q", c.in, got, c.want)
-			}
-		})
-	}
-}
-
 // startNATS starts an embedded JetStream server with max_payload maxPayload
 // (0: the server default) and returns a connection to it.
 func startNATS(t *testing.T, maxPayload int32) *nats.Conn {

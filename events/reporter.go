@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nuid"
+
+	"github.com/matbus/matbus/internal/redact"
 )
 
 // Reporter turns failures into a log line and an error event on
@@ -18,7 +20,7 @@ import (
 // NATS: a failed publish is logged and dropped.
 //
 // No secret and no field of unbounded size leaves a Reporter: the user info
-// of URLs is stripped from every text field (StripUserInfo), the logger's
+// of URLs is stripped from every text field (redact.StripUserInfo), the logger's
 // Redactor (when its handler is one) is applied to them, and they are cut to
 // MaxErrorMessage / MaxErrorField bytes, and further until the event fits
 // the server's max_payload (Bus.MaxEventBytes), with TruncatedMarker.
@@ -67,11 +69,11 @@ func NewReporter(bus *Bus, log *slog.Logger, worker string, window time.Duration
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	redact := StripUserInfo
+	clean := redact.StripUserInfo
 	if rd, ok := log.Handler().(Redactor); ok {
-		redact = func(s string) string { return StripUserInfo(rd.Redact(s)) }
+		clean = func(s string) string { return redact.StripUserInfo(rd.Redact(s)) }
 	}
-	return &Reporter{bus: bus, log: log, redact: redact, worker: worker, window: window, now: time.Now, last: map[string]*rateEntry{},
+	return &Reporter{bus: bus, log: log, redact: clean, worker: worker, window: window, now: time.Now, last: map[string]*rateEntry{},
 		reported: map[ErrorKind]int64{}, suppressed: map[ErrorKind]int64{}}
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/redact"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
@@ -126,7 +127,7 @@ func writeCheckTable(w io.Writer, rows []checkRow) int {
 
 // checkNATS connects once (no retry) and asks for the JetStream account.
 func (c *checker) checkNATS(ctx context.Context) {
-	url := events.StripUserInfo(c.n.url)
+	url := redact.StripUserInfo(c.n.url)
 	opts := []nats.Option{nats.Name("matbus-check"), nats.Timeout(5 * time.Second), nats.NoReconnect()}
 	if c.n.creds != "" {
 		opts = append(opts, nats.UserCredentials(c.n.creds))
@@ -168,7 +169,7 @@ func (c *checker) checkReplicas(nc *nats.Conn) {
 	cluster := nc.ConnectedClusterName()
 	if cluster == "" {
 		c.add("stream replicas", checkFail, "--stream-replicas %d needs a JetStream cluster of at least %d servers; %s is a single server (no cluster name)",
-			want, want, events.StripUserInfo(nc.ConnectedUrlRedacted()))
+			want, want, redact.StripUserInfo(nc.ConnectedUrlRedacted()))
 		return
 	}
 	known := len(nc.Servers())

@@ -25,6 +25,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/redact"
 )
 
 // natsOpts are the flags every NATS user shares.
@@ -128,7 +129,7 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
 			if isAuthErr(err) && authLog.allow(time.Now()) {
 				log.Error("NATS refused the credentials; retrying (this line repeats at most every 30 s)",
-					"url", events.StripUserInfo(o.url), "error", err)
+					"url", redact.StripUserInfo(o.url), "error", err)
 			}
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -136,7 +137,7 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 				log.Warn("NATS disconnected", "error", err)
 			}
 		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", events.StripUserInfo(c.ConnectedUrl())) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", redact.StripUserInfo(c.ConnectedUrl())) }),
 		// Asynchronous errors (e.g. an authorization violation) go to the log,
 		// not straight to stderr as nats.go's default does.
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
@@ -150,7 +151,7 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 		// retry) is said so.
 		nats.ClosedHandler(func(c *nats.Conn) {
 			if err := c.LastError(); isAuthErr(err) {
-				log.Error("NATS refused the credentials; connection closed, not reconnecting", "url", events.StripUserInfo(o.url), "error", err)
+				log.Error("NATS refused the credentials; connection closed, not reconnecting", "url", redact.StripUserInfo(o.url), "error", err)
 			}
 		}),
 	}
@@ -158,14 +159,14 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 		opts = append(opts, nats.UserCredentials(o.creds))
 	}
 	opts = append(opts, tlsOpts...)
-	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", events.StripUserInfo(c.ConnectedUrl())) }))
+	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", redact.StripUserInfo(c.ConnectedUrl())) }))
 	nc, err := nats.Connect(o.url, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", events.StripUserInfo(o.url), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.StripUserInfo(o.url), err)
 	}
 	if !nc.IsConnected() {
 		// RetryOnFailedConnect keeps trying in the background; say so once.
-		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", events.StripUserInfo(o.url))
+		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", redact.StripUserInfo(o.url))
 	}
 	return nc, nil
 }
@@ -181,7 +182,7 @@ func (o *natsOpts) bus(nc *nats.Conn, source string, log *slog.Logger, w *worker
 }
 
 // logOpts select the log level and format. fs, when set, is the parsed
-// flag set whose secrets (flagSecrets) the logger redacts.
+// flag set whose secrets (redact.FlagSecrets) the logger redacts.
 type logOpts struct {
 	level, format string
 	fs            *flag.FlagSet
@@ -194,8 +195,8 @@ func (o *logOpts) register(fs *flag.FlagSet) {
 }
 
 // logger returns the logger of --log-level and --log-format writing to w.
-// Every line passes through a redactHandler: the secrets of o.fs's flags
-// (flagSecrets), the user info of URLs and bearer tokens never reach w.
+// Every line passes through a redact.Handler: the secrets of o.fs's flags
+// (redact.FlagSecrets), the user info of URLs and bearer tokens never reach w.
 // It returns an error wrapping errUsage for an unknown level or format.
 func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
@@ -214,9 +215,9 @@ func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
 	}
 	var secrets []string
 	if o.fs != nil {
-		secrets = flagSecrets(o.fs)
+		secrets = redact.FlagSecrets(o.fs)
 	}
-	log := slog.New(newRedactHandler(h, newRedactor(secrets)))
+	log := slog.New(redact.NewHandler(h, redact.New(secrets)))
 	// client-go logs through klog (leader election, informers): send those
 	// lines through the same handler so --log-format=json stays JSON.
 	klog.SetSlogLogger(log.With("logger", "client-go"))

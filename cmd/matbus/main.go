@@ -11,6 +11,8 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+
+	"github.com/matbus/matbus/internal/redact"
 )
 
 // subcommand runs one matbus subcommand with its arguments.
@@ -85,14 +87,14 @@ func run(ctx context.Context, args []string, e env) int {
 	case errors.Is(err, errUsage):
 		// One line naming what is wrong, one hint; not every flag.
 		fmt.Fprintf(e.stderr, "matbus %s: %s\nRun `matbus help %s` for its flags.\n", args[0],
-			strings.TrimPrefix(redactedError(err), errUsage.Error()+": "), args[0])
+			strings.TrimPrefix(redact.StripUserInfo(err.Error()), errUsage.Error()+": "), args[0])
 		return 2
 	default:
 		var ec exitCode
 		if errors.As(err, &ec) {
 			return int(ec)
 		}
-		fmt.Fprintf(e.stderr, "matbus %s: %s\n", args[0], redactedError(err))
+		fmt.Fprintf(e.stderr, "matbus %s: %s\n", args[0], redact.StripUserInfo(err.Error()))
 		return 1
 	}
 }

@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/redact"
 	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
 	"github.com/matbus/matbus/matsim"
@@ -344,7 +344,7 @@ func TestNoSecretInLogsOrEvents(t *testing.T) {
 		{failures[2], "NATS refused the credentials", host},
 		{unreachable, "NATS not reachable yet", "127.0.0.1:" + strconv.Itoa(closedPort)},
 	} {
-		if len(linesWith(c.p.out.String(), c.msg, `"url":"nats://`+events.UserInfoMarker+`@`+c.host+`"`)) == 0 {
+		if len(linesWith(c.p.out.String(), c.msg, `"url":"nats://`+redact.UserInfoMarker+`@`+c.host+`"`)) == 0 {
 			t.Errorf("%s: no %q line naming nats://***@%s:\n%s", c.p.name, c.msg, c.host, tail(c.p.out.String(), 20))
 		}
 	}
