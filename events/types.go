@@ -165,10 +165,13 @@ const (
 	ErrorEvent     ErrorKind = "event"
 	ErrorDiscovery ErrorKind = "discovery"
 	ErrorPlan      ErrorKind = "plan"
+	// ErrorWatch: an informer's list or watch calls started failing (the
+	// process is not ready), or work again; one event for each.
+	ErrorWatch ErrorKind = "watch"
 )
 
 // ErrorKinds lists every ErrorKind.
-var ErrorKinds = []ErrorKind{ErrorDelete, ErrorFetch, ErrorCreate, ErrorUpdate, ErrorClose, ErrorEvent, ErrorDiscovery, ErrorPlan}
+var ErrorKinds = []ErrorKind{ErrorDelete, ErrorFetch, ErrorCreate, ErrorUpdate, ErrorClose, ErrorEvent, ErrorDiscovery, ErrorPlan, ErrorWatch}
 
 // Error is the payload of an error event: one failure, with enough context
 // for an operator to find the instance, Service or message involved.
