@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubeevents"
 )
 
 // SchedulerConfig tunes a Scheduler. Zero values mean the defaults.
@@ -33,6 +34,9 @@ type SchedulerConfig struct {
 	// instance is released for another job (a lost result, a worker that
 	// died on the job's last delivery); default 3 min.
 	InflightTimeout time.Duration
+	// Events records the OutOfRotation and Recovered Kubernetes Events on
+	// the instances' MAT Services; nil records none.
+	Events *kubeevents.Recorder
 }
 
 func (c SchedulerConfig) withDefaults() SchedulerConfig {
@@ -211,8 +215,10 @@ func (s *Scheduler) Result(r events.SyncResult) {
 			if !e.out {
 				e.out = true
 				s.log.Warn("instance taken out of rotation", "instance", e.key, "failures", e.fails, "probe_in", wait, "error", r.Error)
-				s.emit(e.key, fmt.Sprintf("instance taken out of rotation after %d consecutive failed status fetches; probed at a growing interval (now %v, at most %v); last error: %s",
-					e.fails, wait, s.cfg.ProbeMaxInterval, r.Error), !r.Transient)
+				msg := fmt.Sprintf("instance taken out of rotation after %d consecutive failed status fetches; probed at a growing interval (now %v, at most %v); last error: %s",
+					e.fails, wait, s.cfg.ProbeMaxInterval, r.Error)
+				s.emit(e.key, msg, !r.Transient)
+				s.record(e.key, kubeevents.OutOfRotation, msg)
 			}
 			next = now.Add(wait)
 		}
@@ -239,7 +245,9 @@ func (s *Scheduler) Result(r events.SyncResult) {
 func (s *Scheduler) recovered(e *schedEntry, now time.Time) {
 	if e.out {
 		s.log.Info("instance back in rotation", "instance", e.key, "failed_fetches", e.fails)
-		s.emit(e.key, fmt.Sprintf("instance recovered: status fetched again after %d failed fetches; back in rotation", e.fails), false)
+		msg := fmt.Sprintf("instance recovered: status fetched again after %d failed fetches; back in rotation", e.fails)
+		s.emit(e.key, msg, false)
+		s.record(e.key, kubeevents.Recovered, msg)
 	}
 	e.out, e.fails, e.lastErr = false, 0, ""
 	e.lastGood = now
@@ -247,6 +255,12 @@ func (s *Scheduler) recovered(e *schedEntry, now time.Time) {
 		e.overdue = false
 		s.log.Info("instance back on schedule", "instance", e.key)
 	}
+}
+
+// record records a Kubernetes Event on the MAT Service of instance key
+// (it never waits on the API server).
+func (s *Scheduler) record(key string, reason kubeevents.Reason, note string) {
+	s.cfg.Events.Instance(key, reason, note)
 }
 
 func (s *Scheduler) emit(key, msg string, permanent bool) {

@@ -1,4 +1,4 @@
-// Package operator owns the read-only tools an operator runs against a live namespace; for now the takeover dry run (Plan: what a worker would create, update, recreate, delete and adopt there).
-// It reads MAT statuses and the Kubernetes API (GET Deployments, LIST Services) and plans with package plan exactly as the worker does; rendering its answers as text or JSON is here too.
-// It never writes: no create, update, patch or delete of any object, no NATS, no global state.
+// Package operator owns the tools an operator runs against a live namespace: the pre-flight check (Check: NATS, the Kubernetes API, RBAC, IPs against the service range), the takeover dry run (Plan: what a worker would create, update, recreate, delete and adopt) and the pipeline's status (Status: one row per instance from the state and streams matbus publishes).
+// It reads MAT statuses, NATS JetStream and the Kubernetes API, and plans with package plan exactly as the worker does; rendering its answers as text or JSON is here too.
+// It never changes anything: no create, update, patch or delete of any object or stream (check's one create is a server-side dry run), and no global state.
 package operator

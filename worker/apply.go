@@ -149,7 +149,7 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 				return w.update(ctx, u.New)
 			}
 			return w.reconverge(ctx, u.New)
-		}, func() { w.updated.Add(1) }})
+		}, func() { w.updated.Add(1); w.recordAdopted(ctx, key, u.Old) }})
 	}
 	runPhase(rest)
 
@@ -249,6 +249,7 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 	if cls == Permanent {
 		w.report.Report(ctx, events.Error{Kind: kind, Instance: key, Service: svc.Namespace + "/" + svc.Name,
 			MatID: svc.Annotations[plan.AnnotationMatID], Message: msg, Permanent: true, Attempts: attempt})
+		w.recordRefused(ctx, key, kind, svc, msg)
 	}
 	return cls, &retryError{attempts: attempt, msg: msg, last: err}
 }
@@ -308,29 +309,29 @@ func transientCause(err error) string {
 // error is returned (and classified) as it is.
 func (w *Worker) create(ctx context.Context, want *corev1.Service) error {
 	created, err := w.createOrConverge(ctx, want)
-	if created {
+	if created != nil {
 		w.created.Add(1)
 	}
 	return err
 }
 
-// createOrConverge is create without the counter; created is true only
-// when this call's Create succeeded.
-func (w *Worker) createOrConverge(ctx context.Context, want *corev1.Service) (created bool, err error) {
+// createOrConverge is create without the counter; created is the object
+// this call's Create made, nil when it converged an existing one or failed.
+func (w *Worker) createOrConverge(ctx context.Context, want *corev1.Service) (created *corev1.Service, err error) {
 	svcs := w.kube.CoreV1().Services(want.Namespace)
-	_, err = svcs.Create(ctx, want, metav1.CreateOptions{FieldManager: "matbus"})
+	created, err = svcs.Create(ctx, want, metav1.CreateOptions{FieldManager: "matbus"})
 	if err == nil {
-		return true, nil
+		return created, nil
 	}
 	if apierrors.IsAlreadyExists(err) {
-		return false, w.reconverge(ctx, want)
+		return nil, w.reconverge(ctx, want)
 	}
 	if apierrors.IsInvalid(err) {
 		if _, gerr := svcs.Get(ctx, want.Name, metav1.GetOptions{}); gerr == nil {
-			return false, w.reconverge(ctx, want)
+			return nil, w.reconverge(ctx, want)
 		}
 	}
-	return false, err
+	return nil, err
 }
 
 func (w *Worker) update(ctx context.Context, next *corev1.Service) error {
@@ -395,7 +396,9 @@ func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error 
 		return err
 	}
 	// create converges a Service that another worker created meanwhile.
-	if _, err = w.createOrConverge(ctx, stripIdentity(want)); err == nil {
+	created, err := w.createOrConverge(ctx, stripIdentity(want))
+	if err == nil {
+		w.recordRecreated(ctx, old, created)
 		return nil
 	}
 	if cls, _ := w.cfg.Classifier.Classify(ctx, err, want); cls == Permanent {

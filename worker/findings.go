@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -42,6 +43,7 @@ func (w *Worker) reportSkipped(ctx context.Context, key string, p plan.Plan) {
 		}
 		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: s.WantMatID,
 			Service: w.cfg.Plan.Namespace + "/" + s.Name, Permanent: true, Message: msg})
+		w.cfg.Events.Instance(key, kubeevents.NameCollision, msg)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 )
@@ -129,6 +130,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	if err != nil {
 		w.report.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: key, URL: inst.URL,
 			Message: err.Error(), Permanent: true})
+		w.cfg.Events.Instance(key, kubeevents.FetchFailed, err.Error())
 		return events.SyncResult{Outcome: events.OutcomeFetchFailed, Error: err.Error()}, nil
 	}
 
@@ -153,6 +155,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 		transient := matclient.IsTransient(err)
 		w.report.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: key, URL: inst.URL,
 			Message: fmt.Sprintf("status fetch failed, no Service changed: %v", err), Permanent: !transient, Attempts: 1})
+		w.cfg.Events.Instance(key, kubeevents.FetchFailed, fmt.Sprintf("status fetch failed, no Service changed: %v", err))
 		return events.SyncResult{Outcome: events.OutcomeFetchFailed, Transient: transient, Error: err.Error()}, nil
 	}
 	if st == nil && w.memo.unchanged(key, fp) {
@@ -320,6 +323,7 @@ func (w *Worker) reportPlanFindings(ctx context.Context, key string, d plan.Desi
 		w.report.Report(ctx, events.Error{Kind: events.ErrorPlan, Instance: key, MatID: h.MatID,
 			Service: svc, Message: msg, Permanent: true})
 	}
+	w.recordHeld(ctx, key, d.Held)
 	w.reportWarnings(ctx, key, d)
 }
 

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -59,6 +60,9 @@ type Config struct {
 	Classifier Classifier
 	// Metrics receives the worker's measurements (NewMetrics); nil records none.
 	Metrics *Metrics
+	// Events records Kubernetes Events on the MAT and BMC Services
+	// (kubeevents.Start); nil records none.
+	Events *kubeevents.Recorder
 }
 
 func (c Config) withDefaults() Config {

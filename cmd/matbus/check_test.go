@@ -99,6 +99,7 @@ func TestCheck(t *testing.T) {
 			{"NATS", "ok", "JetStream"},
 			{"Kubernetes API", "ok", ""},
 			{"RBAC worker", "ok", ""},
+			{"RBAC Kubernetes Events", "ok", "every call allowed"},
 			{"service range", "ok", "10.96.0.0/16"},
 			{"MAT status default.mat-a", "ok", "6 BMC and 1 NVOS Services"},
 			{"IPs vs service range (external-ip)", "ok", "all 7 IPs outside"},
@@ -180,6 +181,7 @@ func TestCheckRBAC(t *testing.T) {
 	for _, w := range []struct{ row, result, contains string }{
 		{"RBAC worker", "FAIL", "create services, update services, delete services, get deployments.apps"},
 		{"RBAC discovery", "FAIL", "create leases.coordination.k8s.io, get leases.coordination.k8s.io/matbus-discovery"},
+		{"RBAC Kubernetes Events", "FAIL", "create events.events.k8s.io, patch events.events.k8s.io"},
 		{"MAT status default.mat-a", "FAIL", "127.0.0.1:1"},
 		{"externalIPs admitted", "warn", "cannot tell"},
 	} {

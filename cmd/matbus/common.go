@@ -26,6 +26,7 @@ import (
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/redact"
+	"github.com/matbus/matbus/kubeevents"
 )
 
 // natsOpts are the flags every NATS user shares.
@@ -288,6 +289,19 @@ func (o *kubeOpts) apply(cfg *rest.Config) {
 	// Without this, Go's transport asks for gzip and the API server
 	// compresses every watch event per flush (perFlushGzipWriter).
 	cfg.DisableCompression = !o.compression
+}
+
+// kubeEventsUsage is the help of --kube-events (worker, discovery, dev).
+const kubeEventsUsage = "record Kubernetes Events (events.k8s.io/v1) on the MAT Services (FetchFailed, OutOfRotation, ...) and BMC Services (CreateRefused, Recreated, ...), as kubectl describe svc shows them; needs create and patch on events.events.k8s.io"
+
+// startKubeEvents returns the Kubernetes Event recorder of controller
+// (kubeevents.ControllerWorker or ControllerDiscovery) on kube until ctx
+// ends, or nil when on is false or there is no Kubernetes client.
+func startKubeEvents(ctx context.Context, on bool, kube kubernetes.Interface, controller string, log *slog.Logger) (*kubeevents.Recorder, error) {
+	if !on || kube == nil {
+		return nil, nil
+	}
+	return kubeevents.Start(ctx, kube, kubeevents.Config{Controller: controller, Log: log})
 }
 
 func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) {

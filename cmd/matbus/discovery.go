@@ -17,6 +17,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubeevents"
 )
 
 // discoveryOpts are the publisher's flags; `dev` shares some.
@@ -33,6 +34,7 @@ type discoveryOpts struct {
 	staleAfter                       time.Duration
 	sourceListAddr                   string
 	sourceListDebounce               time.Duration
+	kubeEvents                       bool
 }
 
 func (o *discoveryOpts) register(fs *flag.FlagSet) {
@@ -55,6 +57,7 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
 	fs.StringVar(&o.sourceListAddr, "source-list-addr", "127.0.0.1:8090", "address of the sources API (GET /v1/sources: the MAT instances this replica's source sees, for the MAT protocol gateway; every replica serves it); loopback only unless set, empty disables")
 	fs.DurationVar(&o.sourceListDebounce, "source-list-debounce", 5*time.Second, "a change of the sources API's list is served only when a discovery pass at least this long after it was first seen confirms it (0: at once)")
+	fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
 	durationVar(fs, &o.staleAfter, "health-stale-after", 10*time.Minute, "the leader is not ready (/readyz 503) when no sync tick read the instances stream and published its events for this long")
 }
 
@@ -193,6 +196,11 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	rep := events.NewReporter(bus, log, ident, 0)
+	// Static instances have no MAT Service to record Events on.
+	kev, err := startKubeEvents(ctx, o.kubeEvents && !o.isStatic(), kube, kubeevents.ControllerDiscovery, log)
+	if err != nil {
+		return err
+	}
 	var leading atomic.Bool
 	var sched atomic.Pointer[discovery.Scheduler]
 	var cur atomic.Pointer[leadState]
@@ -237,7 +245,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	lead := func(ctx context.Context) error {
 		leading.Store(true)
 		defer leading.Store(false)
-		pub := discovery.NewPublisher(bus, shared, o.publisherConfig(), rep, log)
+		pub := discovery.NewPublisher(bus, shared, o.publisherConfig(kev), rep, log)
 		sched.Store(pub.Scheduler())
 		cur.Store(&leadState{pub: pub, src: shared, since: time.Now()})
 		defer cur.Store(nil)
@@ -286,10 +294,11 @@ func serveSources(ctx context.Context, addr string, sources *discovery.SourceLis
 	}
 }
 
-// publisherConfig is the publisher's configuration from the flags.
-func (o *discoveryOpts) publisherConfig() discovery.PublisherConfig {
+// publisherConfig is the publisher's configuration from the flags; kev
+// (may be nil) records the scheduler's Kubernetes Events.
+func (o *discoveryOpts) publisherConfig(kev *kubeevents.Recorder) discovery.PublisherConfig {
 	return discovery.PublisherConfig{SyncInterval: o.interval,
-		Scheduler: discovery.SchedulerConfig{PollInterval: o.poll, SyncInterval: o.interval, ProbeMaxInterval: o.probeMax}}
+		Scheduler: discovery.SchedulerConfig{PollInterval: o.poll, SyncInterval: o.interval, ProbeMaxInterval: o.probeMax, Events: kev}}
 }
 
 // schedulerMetrics exports the stats of the scheduler that sched points at

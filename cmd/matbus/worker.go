@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
@@ -29,7 +30,7 @@ import (
 type workerOpts struct {
 	namespace, targetSelector, managedBy, ipMode, name string
 	serviceCIDRs                                       listFlag
-	insecure, stateAnnotations                         bool
+	insecure, stateAnnotations, kubeEvents             bool
 	matTimeout, retryMaxElapsed, grace, ackWait        time.Duration
 	instanceResync                                     time.Duration
 	jobs, fetches, deleteJobs, concurrency, maxDeliver int
@@ -65,6 +66,7 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.concurrency, "concurrency", 32, "Kubernetes writes in flight in one worker, over all its jobs")
 	fs.IntVar(&o.maxDeliver, "max-deliver", 5, "deliveries of one job before it becomes an error event")
 	durationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
+	fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
 }
 
 func (o *workerOpts) validate() error {
@@ -157,6 +159,10 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 	}
 	name := o.workerName()
 	rep := events.NewReporter(bus, log, name, o.errorWindow)
+	kev, err := startKubeEvents(ctx, o.kubeEvents, kube, kubeevents.ControllerWorker, log)
+	if err != nil {
+		return nil, nil, err
+	}
 	mcfg := o.matConfig("matbus/" + version)
 	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
 	w, err := worker.New(worker.Config{
@@ -166,6 +172,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 		InstanceResync: o.instanceResync,
 		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
 		Metrics:        o.metrics,
+		Events:         kev,
 	}, bus, kube, factory, rep, log)
 	return w, rep, err
 }
