@@ -83,6 +83,7 @@ type Recorder struct {
 	mu       sync.Mutex
 	spam     *record.EventSourceObjectSpamFilter
 	uids     map[string]uidEntry // "<namespace>/<name>" of MAT Services
+	pending  map[string][]func(uidEntry)
 	recorded map[Reason]int64
 	filtered map[Reason]int64
 	now      func() time.Time
@@ -125,6 +126,7 @@ func Start(ctx context.Context, kube kubernetes.Interface, cfg Config) (*Recorde
 		kube: kube, log: cfg.Log, clean: clean,
 		spam:     record.NewEventSourceObjectSpamFilter(4096, SpamBurst, float32(1/SpamRefill.Seconds()), cfg.Clock, spamKey),
 		uids:     map[string]uidEntry{},
+		pending:  map[string][]func(uidEntry){},
 		recorded: map[Reason]int64{}, filtered: map[Reason]int64{},
 		now: time.Now,
 	}, nil
@@ -176,18 +178,42 @@ func (r *Recorder) Instance(key string, reason Reason, note string) {
 	if !r.admit(ref, reason) {
 		return
 	}
-	if e, ok := r.cachedUID(ns, name); ok {
+	r.withUID(ns, name, func(e uidEntry) {
 		if !e.missing {
 			ref.UID = e.uid
 			r.emit(ref, reason, note)
 		}
+	})
+}
+
+// withUID calls then with the cache entry of Service ns/name: at once when
+// it is fresh, else after one GET shared by every caller meanwhile (in a
+// goroutine owned by Start's context; then is not called when it ended).
+func (r *Recorder) withUID(ns, name string, then func(uidEntry)) {
+	k := ns + "/" + name
+	r.mu.Lock()
+	if e, ok := r.uids[k]; ok && r.now().Sub(e.at) < uidTTL {
+		r.mu.Unlock()
+		then(e)
+		return
+	}
+	waiting, busy := r.pending[k]
+	r.pending[k] = append(waiting, then)
+	r.mu.Unlock()
+	if busy {
 		return
 	}
 	go func() {
 		e := r.readUID(ns, name)
-		if !e.missing && r.ctx.Err() == nil {
-			ref.UID = e.uid
-			r.emit(ref, reason, note)
+		r.mu.Lock()
+		thens := r.pending[k]
+		delete(r.pending, k)
+		r.mu.Unlock()
+		if r.ctx.Err() != nil {
+			return
+		}
+		for _, f := range thens {
+			f(e)
 		}
 	}()
 }
@@ -224,18 +250,6 @@ func (r *Recorder) admit(ref *corev1.ObjectReference, reason Reason) bool {
 
 func (r *Recorder) emit(ref *corev1.ObjectReference, reason Reason, note string) {
 	r.rec.Eventf(ref, nil, reason.Type(), string(reason), reason.Action(), "%s", cut(r.clean(note), MaxNote))
-}
-
-// cachedUID returns the cached entry of Service ns/name, and whether the
-// cache has a fresh one.
-func (r *Recorder) cachedUID(ns, name string) (uidEntry, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e, ok := r.uids[ns+"/"+name]
-	if !ok || r.now().Sub(e.at) >= uidTTL {
-		return uidEntry{}, false
-	}
-	return e, true
 }
 
 // readUID reads Service ns/name and caches what it learnt: its UID, or
