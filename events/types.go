@@ -41,12 +41,45 @@ var (
 // names follow CloudEvents (id, source, type, time) plus "schema", the
 // matbus envelope version. Data holds the type-specific payload.
 type Envelope struct {
-	Schema int             `json:"schema"`
-	Type   Type            `json:"type"`
-	ID     string          `json:"id"`
-	Time   time.Time       `json:"time"`
-	Source string          `json:"source"`
-	Data   json.RawMessage `json:"data"`
+	Schema int       `json:"schema"`
+	Type   Type      `json:"type"`
+	ID     string    `json:"id"`
+	Time   time.Time `json:"time"`
+	Source string    `json:"source"`
+	// Epoch is the discovery leader's term that published the event; nil
+	// for events of other senders and of releases without fencing (see
+	// Epoch).
+	Epoch *Epoch          `json:"epoch,omitempty"`
+	Data  json.RawMessage `json:"data"`
+}
+
+// Epoch names one term of a discovery leader: Lease is the
+// "<namespace>/<name>" of the coordination.k8s.io Lease it was elected
+// on, Term the Lease's leaseTransitions when the term began (it grows by
+// one with every change of holder), Leader the holder identity. Instance
+// events, sync and clean-up jobs of a leader-elected publisher carry it; a
+// receiver that has seen a message of a higher Term on the same Lease
+// refuses messages of lower ones (a deposed leader's). Messages without an
+// epoch (older releases, a single publisher without leader election,
+// workers' own clean-up jobs) are always accepted.
+type Epoch struct {
+	Lease  string `json:"lease"`
+	Term   int64  `json:"term"`
+	Leader string `json:"leader"`
+}
+
+// String returns "<lease>#<term>/<leader>", e.g. "mat/matbus-discovery#7/discovery-0".
+func (e *Epoch) String() string {
+	if e == nil {
+		return "none"
+	}
+	return e.Lease + "#" + strconv.FormatInt(e.Term, 10) + "/" + e.Leader
+}
+
+// Before reports whether e is of an older term than o on the same Lease;
+// a nil epoch is before nothing and nothing is before it.
+func (e *Epoch) Before(o *Epoch) bool {
+	return e != nil && o != nil && e.Lease == o.Lease && e.Term < o.Term
 }
 
 // Instance is a discovered MAT instance: the payload of appeared and gone events.
@@ -223,17 +256,25 @@ func Decode(body []byte) (Envelope, error) {
 	if len(env.Data) == 0 || string(env.Data) == "null" {
 		return Envelope{}, fmt.Errorf("%w: no data", ErrMalformed)
 	}
+	if e := env.Epoch; e != nil && (e.Lease == "" || e.Term < 0 || e.Leader == "") {
+		return Envelope{}, fmt.Errorf("%w: epoch needs a lease, a term >= 0 and a leader", ErrMalformed)
+	}
 	return env, nil
 }
 
 // Encode builds the envelope for data and marshals it. id must be unique per
 // event (it becomes the JetStream Nats-Msg-Id); source names the sender.
 func Encode(typ Type, id, source string, now time.Time, data any) ([]byte, error) {
+	return EncodeEpoch(typ, id, source, now, nil, data)
+}
+
+// EncodeEpoch is Encode with the leader's epoch in the envelope (nil: none).
+func EncodeEpoch(typ Type, id, source string, now time.Time, epoch *Epoch, data any) ([]byte, error) {
 	raw, err := json.Marshal(data)
 	if err != nil {
 		return nil, fmt.Errorf("events: encode %s data: %w", typ, err)
 	}
-	return json.Marshal(Envelope{Schema: SchemaVersion, Type: typ, ID: id, Time: now.UTC(), Source: source, Data: raw})
+	return json.Marshal(Envelope{Schema: SchemaVersion, Type: typ, ID: id, Time: now.UTC(), Source: source, Epoch: epoch, Data: raw})
 }
 
 // validator is implemented by payload types that check their own fields.
