@@ -10,11 +10,19 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/kubelocal"
 )
 
 func startKube(t *testing.T) kubernetes.Interface {
+	t.Helper()
+	return kubernetes.NewForConfigOrDie(startKubeConfig(t))
+}
+
+// startKubeConfig starts a kube-apiserver and etcd and returns the client
+// configuration of the API server.
+func startKubeConfig(t *testing.T) *rest.Config {
 	t.Helper()
 	dir, err := kubelocal.FindBinaries()
 	if errors.Is(err, kubelocal.ErrNoBinaries) && os.Getenv("MATBUS_REQUIRE_K8S") == "" {
@@ -30,7 +38,7 @@ func startKube(t *testing.T) kubernetes.Interface {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Stop)
-	return kubernetes.NewForConfigOrDie(c.RESTConfig())
+	return c.RESTConfig()
 }
 
 // TestKubeSourceOnRealAPIServer discovers MAT Services through the

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/utils/clock"
 )
 
 // LeaderConfig configures leader election on a coordination.k8s.io Lease.
@@ -18,12 +19,22 @@ type LeaderConfig struct {
 	// LeaseDuration, RenewDeadline and RetryPeriod as in client-go;
 	// defaults 15 s, 10 s and 2 s.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// Margin is how much sooner than LeaseDuration after its last renew
+	// was sent a leader stops acting (see Term), and how late a timer may
+	// fire before the process counts it as paused and steps down; default
+	// LeaseDuration − RenewDeadline (5 s with the defaults), at most half
+	// the LeaseDuration.
+	Margin time.Duration
 }
 
 // RunLeaderElected runs lead whenever this process holds the Lease and
-// cancels lead's context when it loses it; it campaigns again after a loss.
-// It returns when ctx ends (releasing the Lease), or an error for an
-// invalid configuration.
+// cancels lead's context when it loses it; it campaigns again after a loss,
+// once lead has returned. lead's context carries the term (TermOf): every
+// publish of the leader checks it, and a term that may have passed to
+// another process (its last renew older than LeaseDuration − Margin, a
+// detected pause, the Lease read with another holder) steps down at once:
+// lead's context ends and the Lease is released. It returns when ctx ends
+// (releasing the Lease), or an error for an invalid configuration.
 func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg LeaderConfig, log *slog.Logger, lead func(ctx context.Context)) error {
 	if cfg.LeaseDuration == 0 {
 		cfg.LeaseDuration = 15 * time.Second
@@ -34,22 +45,41 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 	if cfg.RetryPeriod == 0 {
 		cfg.RetryPeriod = 2 * time.Second
 	}
+	if cfg.Margin <= 0 {
+		cfg.Margin = cfg.LeaseDuration - cfg.RenewDeadline
+	}
+	cfg.Margin = min(cfg.Margin, cfg.LeaseDuration/2)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	if cfg.Namespace == "" || cfg.LeaseName == "" || cfg.Identity == "" {
 		return fmt.Errorf("discovery: leader election needs namespace, lease name and identity")
 	}
-	lock := &resourcelock.LeaseLock{
+	lease := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1ObjectMeta(cfg.Namespace, cfg.LeaseName),
 		Client:     kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: cfg.Identity},
 	}
 	for ctx.Err() == nil {
+		// One term per campaign: the term steps down by ending cctx.
+		cctx, stop := context.WithCancelCause(ctx)
+		term := newTerm(clock.RealClock{}, cfg.Namespace+"/"+cfg.LeaseName, cfg.Identity, cfg.LeaseDuration, cfg.Margin, log, stop)
+		led := make(chan struct{}) // closed when lead has returned
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: lock, LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline,
+			Lock: &fencedLock{Interface: lease, term: term}, LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline,
 			RetryPeriod: cfg.RetryPeriod, ReleaseOnCancel: true, Name: cfg.LeaseName,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {
-					log.Info("leading", "lease", cfg.Namespace+"/"+cfg.LeaseName, "identity", cfg.Identity)
-					lead(ctx)
+					defer close(led)
+					if err := term.Check(); err != nil {
+						return
+					}
+					log.Info("leading", "lease", cfg.Namespace+"/"+cfg.LeaseName, "identity", cfg.Identity, "epoch", term.Epoch().String())
+					wctx, stopWatch := context.WithCancel(ctx)
+					watched := make(chan struct{})
+					go func() { defer close(watched); term.watchPauses(wctx, min(cfg.RetryPeriod, cfg.Margin)/2) }()
+					defer func() { stopWatch(); <-watched }()
+					lead(withTerm(ctx, term))
 				},
 				OnStoppedLeading: func() { log.Info("not leading", "identity", cfg.Identity) },
 				OnNewLeader: func(id string) {
@@ -60,9 +90,15 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 			},
 		})
 		if err != nil {
+			stop(nil)
 			return fmt.Errorf("discovery: leader election: %w", err)
 		}
-		le.Run(ctx)
+		le.Run(cctx)
+		term.end(fmt.Errorf("%w: the campaign ended", ErrNotLeading))
+		stop(nil)
+		if term.acquired() {
+			<-led // lead has returned before the next campaign
+		}
 	}
 	return nil
 }

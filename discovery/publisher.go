@@ -2,8 +2,10 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -75,7 +77,12 @@ func (p *Publisher) Scheduler() *Scheduler { return p.sched }
 // sources API) and publishes until ctx ends; it returns nil then.
 // It returns an error only if the source cannot start. Call it while
 // leading (see RunLeaderElected): on start it republishes the current state,
-// the appeared event and a sync job of every instance.
+// the appeared event and a sync job of every instance. With a leader term
+// in ctx (TermOf), every reconcile and every publish first checks the term
+// and nothing is published once it fails; every event and job carries the
+// term's epoch, and instance events are stored only while their subject's
+// last sequence is the one this publisher read (a newer leader's write
+// refuses them: ADR 17).
 func (p *Publisher) Run(ctx context.Context) error {
 	changed := make(chan struct{}, 1)
 	notify := func() {
@@ -110,7 +117,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 	schedDone := make(chan struct{})
 	go func() { defer close(schedDone); p.sched.Run(ctx) }()
 	defer func() { <-schedDone }()
-	p.reconcile(ctx, "start")
+	stateDone := make(chan struct{})
+	go func() { defer close(stateDone); p.stateWriter().run(ctx) }()
+	defer func() { <-stateDone }()
+	term := TermOf(ctx)
+	p.reconcile(ctx, term, "start")
 	tick := time.NewTicker(p.cfg.SyncInterval)
 	defer tick.Stop()
 	for {
@@ -118,9 +129,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
-			p.reconcile(ctx, "")
+			p.reconcile(ctx, term, "")
 		case <-tick.C:
-			p.reconcile(ctx, "tick")
+			p.reconcile(ctx, term, "tick")
 		}
 	}
 }
@@ -128,8 +139,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 // reconcile publishes the difference between the source and the stream
 // and hands the present instances to the scheduler. syncReason "start"
 // republishes every instance's appeared event and has each fully synced;
-// otherwise only new or changed instances are.
-func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
+// otherwise only new or changed instances are. Nothing is done once term
+// (nil: no leader election) fails its check.
+func (p *Publisher) reconcile(ctx context.Context, term *Term, syncReason string) {
+	if term.Check() != nil {
+		return // stepping down: the term logged why
+	}
 	cur, ok := p.src.Instances()
 	if !ok {
 		return
@@ -152,11 +167,23 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		}
 	}()
 	scope := p.src.Scope()
+	fenced := term.PublishOptions()
+	// expect fences an instance event: stored only while the subject's last
+	// record is the one read above (an unreadable record: unfenced).
+	expect := func(key string, seq uint64) []events.PublishOption {
+		if _, had := recs[key]; !had && slices.Contains(bad, key) {
+			return fenced
+		}
+		return append(slices.Clip(fenced), events.WithExpectedLastSubjectSeq(seq))
+	}
 	want := map[string]bool{}
 	for _, inst := range cur {
 		want[inst.Key] = true
 	}
 	for _, key := range bad {
+		if term.Check() != nil {
+			return
+		}
 		if want[key] {
 			p.log.Warn("unreadable instance record; republishing it from the source", "instance", key)
 			continue
@@ -181,9 +208,9 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 		// idempotently, and a sync job for each.
 		if changed || syncReason == "start" {
 			id := fmt.Sprintf("appeared:%s:%s:%d", inst.Key, inst.Version, rec.Seq)
-			if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, id, inst); err != nil {
+			if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, id, inst, expect(inst.Key, rec.Seq)...); err != nil {
 				published = false
-				p.fail(ctx, inst.Key, fmt.Sprintf("publish appeared: %v", err))
+				p.publishFailed(ctx, inst.Key, "appeared", err)
 				continue
 			}
 			reason := events.ReasonStart
@@ -204,17 +231,32 @@ func (p *Publisher) reconcile(ctx context.Context, syncReason string) {
 			continue
 		}
 		id := fmt.Sprintf("gone:%s:%d", key, rec.Seq)
-		if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(key), events.TypeInstanceGone, id, rec.Instance); err != nil {
+		if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(key), events.TypeInstanceGone, id, rec.Instance, expect(key, rec.Seq)...); err != nil {
 			published = false
-			p.fail(ctx, key, fmt.Sprintf("publish gone: %v", err))
+			p.publishFailed(ctx, key, "gone", err)
 			continue
 		}
 		p.log.Info("instance gone", "instance", key, "url", rec.Instance.URL)
 		job := events.CleanupJob{Key: key, Scope: scope}
-		if err := p.bus.Publish(ctx, p.bus.Subjects.Cleanup(key), events.TypeCleanupJob, fmt.Sprintf("cleanup:%s:%d", key, rec.Seq), job); err != nil {
+		if err := p.bus.Publish(ctx, p.bus.Subjects.Cleanup(key), events.TypeCleanupJob, fmt.Sprintf("cleanup:%s:%d", key, rec.Seq), job, fenced...); err != nil {
 			published = false
-			p.fail(ctx, key, fmt.Sprintf("publish clean-up job: %v", err))
+			p.publishFailed(ctx, key, "clean-up job", err)
 		}
+	}
+}
+
+// publishFailed reports a failed publish of what for instance key. A
+// publish the term fenced is not reported: the term logged why it ended.
+// A refused expected sequence means another publisher wrote the
+// instance's subject after this one read it.
+func (p *Publisher) publishFailed(ctx context.Context, key, what string, err error) {
+	switch {
+	case errors.Is(err, events.ErrFenced):
+		p.log.Debug("not published: not leading", "instance", key, "event", what)
+	case errors.Is(err, events.ErrWrongLastSequence):
+		p.fail(ctx, key, fmt.Sprintf("%s not published: another publisher (a newer leader?) wrote the instance after this one read it; it is read again at the next reconcile: %v", what, err))
+	default:
+		p.fail(ctx, key, fmt.Sprintf("publish %s: %v", what, err))
 	}
 }
 

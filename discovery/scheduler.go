@@ -3,6 +3,7 @@ package discovery
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -125,6 +126,7 @@ type schedEntry struct {
 	overdue   bool
 	tie       uint64
 	lastErr   string
+	last      lastResult // for the state bucket (state.go)
 }
 
 // NewScheduler returns a Scheduler publishing on bus. report (may be nil)
@@ -205,6 +207,7 @@ func (s *Scheduler) Result(r events.SyncResult) {
 		return // an instance no longer scheduled, or a result of an older job
 	}
 	e.inflight = false
+	e.last = e.last.next(r)
 	next := e.sentAt.Add(s.cfg.PollInterval)
 	switch {
 	case r.Outcome == events.OutcomeFetchFailed:
@@ -313,8 +316,11 @@ func clone(m map[string]int64) map[string]int64 {
 }
 
 // Run publishes sync jobs as instances fall due until ctx ends. Failures
-// to publish are reported and retried at the next poll.
+// to publish are reported and retried at the next poll. With a leader term
+// in ctx (TermOf), each dispatch and each publish first checks it (nothing
+// is published once it fails) and every job carries its epoch.
 func (s *Scheduler) Run(ctx context.Context) {
+	term := TermOf(ctx)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
@@ -324,7 +330,7 @@ func (s *Scheduler) Run(ctx context.Context) {
 		case <-t.C:
 		case <-s.wake:
 		}
-		wait := s.dispatch(ctx)
+		wait := s.dispatch(ctx, term)
 		if !t.Stop() {
 			select {
 			case <-t.C:
@@ -342,7 +348,11 @@ type dispatchItem struct {
 }
 
 // dispatch publishes every due job and returns how long to sleep.
-func (s *Scheduler) dispatch(ctx context.Context) time.Duration {
+func (s *Scheduler) dispatch(ctx context.Context, term *Term) time.Duration {
+	if term.Check() != nil {
+		return s.cfg.PollInterval // stepping down: the term logged why
+	}
+	fenced := term.PublishOptions()
 	now := time.Now()
 	var items []dispatchItem
 	s.mu.Lock()
@@ -391,7 +401,7 @@ func (s *Scheduler) dispatch(ctx context.Context) time.Duration {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			err := s.bus.Publish(ctx, s.bus.Subjects.Sync(it.key), events.TypeSyncJob, it.id, events.SyncJob{Key: it.key, Reason: it.reason})
+			err := s.bus.Publish(ctx, s.bus.Subjects.Sync(it.key), events.TypeSyncJob, it.id, events.SyncJob{Key: it.key, Reason: it.reason}, fenced...)
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if err != nil {
@@ -402,7 +412,7 @@ func (s *Scheduler) dispatch(ctx context.Context) time.Duration {
 						e.reason = it.reason
 					}
 				}
-				if ctx.Err() == nil && s.report != nil {
+				if ctx.Err() == nil && s.report != nil && !errors.Is(err, events.ErrFenced) {
 					go s.report.Report(context.WithoutCancel(ctx), events.Error{Kind: events.ErrorDiscovery, Instance: it.key, Message: fmt.Sprintf("publish sync job: %v", err)})
 				}
 				return
