@@ -17,6 +17,7 @@ import (
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/kubeevents"
+	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 )
@@ -414,7 +415,11 @@ func (w *Worker) Cleanup(ctx context.Context, key string) error {
 // jobID, so a redelivered clean-up job publishes nothing twice while a
 // later clean-up job of the same instance (a sweep) is not swallowed by
 // JetStream's de-duplication of the earlier one's delete jobs. The List is
-// retried with backoff like every other API call.
+// retried with backoff like every other API call, and its outcome goes to
+// WatchHealth: a refused List (403, 401) is no reason to keep a gone
+// instance's Services, so it makes the worker not ready and the job is
+// redelivered (and swept again after its deliveries, see sweepGone) until
+// the List is allowed.
 func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	if err != nil && !isEventErr(err) {
@@ -428,11 +433,14 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 	var svcs *corev1.ServiceList
 	cls := Transient
 	attempts := 0
+	refused := false // the last List was refused by RBAC or authentication
 	err = backoff.Retry(func() error {
 		attempts++
 		var err error
 		svcs, err = w.kube.CoreV1().Services(w.cfg.Plan.Namespace).List(ctx, metav1.ListOptions{
 			LabelSelector: plan.InstanceSelector(w.cfg.Plan, key).String()})
+		w.watch.Observe(ctx, kubewatch.VerbList, err)
+		refused = apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
 		if err == nil {
 			return nil
 		}
@@ -447,7 +455,7 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 		if cls == Canceled || ctx.Err() != nil {
 			return context.Canceled
 		}
-		return &jobError{Retry: cls == Transient, Err: fmt.Errorf("list Services of %s (%d attempts): %w", key, attempts, err)}
+		return &jobError{Retry: cls == Transient || refused, Err: fmt.Errorf("list Services of %s (%d attempts): %w", key, attempts, err)}
 	}
 	var del []*corev1.Service
 	for i := range svcs.Items {

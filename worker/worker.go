@@ -19,6 +19,7 @@ import (
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/kubeevents"
+	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -121,6 +122,9 @@ type Worker struct {
 	services corelisters.ServiceLister
 	byInst   cache.Indexer // the informer's store, with the byInstance index
 	ready    atomic.Bool
+	// watch observes the Service informer's list and watch calls and the
+	// clean-up's lists.
+	watch *kubewatch.Tracker
 
 	applySlots chan struct{} // Jobs
 	writes     chan struct{} // Concurrency
@@ -155,6 +159,7 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 		applySlots: make(chan struct{}, cfg.Jobs), writes: make(chan struct{}, cfg.Concurrency),
 		memo: newMemo(), desired: newDesiredCache()}
 	w.cache = NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })
+	w.watch = kubewatch.New("services", report, log)
 	return w, nil
 }
 
@@ -162,7 +167,14 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 func (w *Worker) Cache() *ClientCache { return w.cache }
 
 // Ready reports whether the Service informer has synced and the consumers run.
+// Whether its list and watch calls succeed now is WatchHealth's Err.
 func (w *Worker) Ready() bool { return w.ready.Load() }
+
+// WatchHealth returns the tracker of the Service informer's list and watch
+// calls and of the clean-up's Service lists: its Err is nil while they
+// succeed, else the reason (e.g. "watch services: services is forbidden:
+// …"), which makes the worker not ready.
+func (w *Worker) WatchHealth() *kubewatch.Tracker { return w.watch }
 
 // Stats returns the counters.
 func (w *Worker) Stats() Stats {
@@ -176,11 +188,14 @@ func (w *Worker) Stats() Stats {
 // ShutdownGrace (the rest are nak'ed for redelivery), closes every cached
 // client and returns nil. It returns an error only when start-up fails.
 func (w *Worker) Run(ctx context.Context) error {
+	tweak := func(o *metav1.ListOptions) {
+		o.LabelSelector = labels.Set{plan.LabelManagedBy: w.managedBy()}.String()
+	}
 	factory := informers.NewSharedInformerFactoryWithOptions(w.kube, 0,
-		informers.WithNamespace(w.cfg.Plan.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = labels.Set{plan.LabelManagedBy: w.managedBy()}.String()
-		}))
+		informers.WithNamespace(w.cfg.Plan.Namespace), informers.WithTweakListOptions(tweak))
+	if _, err := w.watch.ServiceInformer(factory, w.cfg.Plan.Namespace, tweak); err != nil {
+		return fmt.Errorf("worker: Service informer: %w", err)
+	}
 	inf := factory.Core().V1().Services()
 	if err := inf.Informer().AddIndexers(cache.Indexers{byInstance: instanceIndex, byIP: ipIndex}); err != nil {
 		return fmt.Errorf("worker: Service index: %w", err)
@@ -191,9 +206,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	informerCtx, stopInformers := context.WithCancel(context.WithoutCancel(ctx))
 	factory.Start(informerCtx.Done())
+	var recheck sync.WaitGroup
+	recheck.Go(func() {
+		w.watch.RecheckList(informerCtx, 5*time.Second, func(ctx context.Context) error {
+			o := metav1.ListOptions{Limit: 1}
+			tweak(&o)
+			_, err := w.kube.CoreV1().Services(w.cfg.Plan.Namespace).List(ctx, o)
+			return err
+		})
+	})
 	defer func() {
 		stopInformers()
 		factory.Shutdown()
+		recheck.Wait()
 	}()
 	w.log.Info("waiting for Service informer", "namespace", w.cfg.Plan.Namespace)
 	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
@@ -358,13 +383,6 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, 
 // spread over the workers in turn instead of filling the first worker's
 // large request (a few big instances on one worker while others idle).
 // Larger batches (delete jobs, which are many and small) may overlap.
-//
-// Overlapping requests that a burst split into one per freed slot are
-// merged again when the queue runs dry: once a request ends short of its
-// batch (it expired: nothing was left to deliver), no new request is sent
-// until every open one has ended, and then one asks for all free slots.
-// Otherwise each expiring fragment asked again for its own slot, and an
-// idle worker kept one request (and two goroutines) per slot open.
 func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots, batchMax int,
 	dispatch func(jetstream.Msg)) {
 	actx, cancel := context.WithCancel(ctx)
@@ -374,25 +392,9 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 		cancel() // ends the open pull requests
 		batches.Wait()
 	}()
-	var (
-		mu    sync.Mutex
-		open  int  // pull requests not ended
-		dry   bool // a request expired short of its batch
-		ended = make(chan struct{}, 1)
-	)
 	for {
-		acquire := sem
-		mu.Lock()
-		if dry && open > 0 {
-			acquire = nil // merge: wait for the open requests to end
-		} else {
-			dry = false
-		}
-		mu.Unlock()
 		select {
-		case acquire <- struct{}{}:
-		case <-ended:
-			continue
+		case sem <- struct{}{}:
 		case err := <-broken:
 			log.Warn("consumer interrupted, re-attaching", "error", err)
 			return
@@ -423,9 +425,6 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 			return
 		}
 		batches.Add(1)
-		mu.Lock()
-		open++
-		mu.Unlock()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -438,14 +437,6 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 			}
 			for range n - got {
 				<-sem
-			}
-			mu.Lock()
-			open--
-			dry = dry || got < n
-			mu.Unlock()
-			select {
-			case ended <- struct{}{}:
-			default:
 			}
 			if err := batch.Error(); err != nil && actx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				select {
