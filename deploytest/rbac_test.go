@@ -206,6 +206,16 @@ func TestChartRBACConverges(t *testing.T) {
 	}
 	setManagedBy(host.MatID, "someone-else")
 	waitFor(t, ctx, "the taken-over name read with get", func() bool { used, _ := rec.result(); return used["get services"] })
+	// The refused create repeats at every resync: a CreateRefused Event on
+	// the MAT Service (create), then its series count (patch).
+	waitFor(t, ctx, "the refused create as a Kubernetes Event series", func() bool {
+		used, _ := rec.result()
+		return used["create events.events.k8s.io"] && used["patch events.events.k8s.io"]
+	})
+	evs, err := admin.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "regarding.name=" + matSvc.Name + ",reason=CreateRefused"})
+	if err != nil || len(evs.Items) == 0 {
+		t.Errorf("no CreateRefused Event regarding the MAT Service %s (%v)", matSvc.Name, err)
+	}
 	setManagedBy(host.MatID, plan.DefaultManagedBy)
 	waitFor(t, ctx, "the handed-back Service managed again", func() bool { return serviceOf(managed(), host.MatID) != nil })
 
