@@ -94,7 +94,9 @@ func (w *Worker) handleInstanceMsg(ctx context.Context, subject string, data []b
 			err = keyMatches(subject, inst.Key)
 		}
 		if err == nil {
-			w.applyInstance(ctx, env.Type, inst)
+			if w.admit(ctx, env, subject) == nil {
+				w.applyInstance(ctx, env.Type, inst)
+			}
 			return
 		}
 	}
@@ -136,6 +138,9 @@ func (w *Worker) resyncCache(ctx context.Context) {
 	w.cache.mu.Unlock()
 	for _, key := range stale {
 		if r, ok := recs[key]; ok && r.Present() {
+			if old, _ := w.fence.stale(r.Epoch); old {
+				continue // a deposed leader's record: the new leader rewrites it
+			}
 			w.applyInstance(ctx, events.TypeInstanceAppeared, r.Instance)
 			continue
 		}

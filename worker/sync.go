@@ -40,6 +40,9 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 			w.rejectEvent(ctx, subject, err)
 			return &jobError{Err: err, Reported: true}
 		}
+		if err := w.admit(ctx, env, subject); err != nil {
+			return err
+		}
 		start := time.Now()
 		res, err := w.syncJob(ctx, job, env.ID)
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
@@ -67,6 +70,9 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 		if err != nil {
 			w.rejectEvent(ctx, subject, err)
 			return &jobError{Err: err, Reported: true}
+		}
+		if err := w.admit(ctx, env, subject); err != nil {
+			return err
 		}
 		if err := w.cleanup(ctx, job.Key, env.ID); err != nil {
 			return err
@@ -124,6 +130,11 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	if !found || !rec.Present() {
 		w.log.Debug("sync skipped: instance not present", "instance", key)
 		return events.SyncResult{Outcome: events.OutcomeSkipped}, nil
+	}
+	if old, newest := w.fence.stale(rec.Epoch); old {
+		// A deposed leader's appeared record: the new leader rewrites it.
+		w.log.Debug("sync skipped: instance record of a deposed leader", "instance", key, "epoch", rec.Epoch.String(), "newest_epoch", newest.String())
+		return events.SyncResult{Outcome: events.OutcomeSkipped, Error: "instance record of a deposed leader's epoch"}, nil
 	}
 	inst := rec.Instance
 	log := w.log.With("instance", key, "url", inst.URL)

@@ -133,6 +133,7 @@ type Worker struct {
 	warned     sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
 	// pendingDeletes: Service UID -> when its stale delete job was published.
 	pendingDeletes sync.Map
+	fence          epochFence // the newest discovery leader epoch seen
 
 	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }
@@ -254,6 +255,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}()
 
+	w.learnEpoch(ctx)
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); w.runInstances(ctx) }()
