@@ -38,6 +38,7 @@ func subcommands() map[string]subcommand {
 		"probe":     {"GET a URL and exit 0 on a 2xx answer (a healthcheck for containers without curl).", runProbe},
 		"check":     {"Pre-flight check: what will fail (NATS, Kubernetes API, RBAC, IP ranges, externalIPs admission); exits 1 on a problem.", runCheck},
 		"plan":      {"Dry run: what a worker would create, update, recreate, delete and adopt in the namespace; writes nothing; exits 2 when something would change.", runPlan},
+		"status":    {"One row per instance (rotation, last good sync, Services, last error, worker, published) and the pipeline's summary, from what matbus publishes.", runStatus},
 		"version":   {"Print the matbus version.", runVersion},
 	}
 }
@@ -109,7 +110,7 @@ func (e exitCode) Error() string { return fmt.Sprintf("exit status %d", int(e)) 
 
 func usage(w io.Writer, cmds map[string]subcommand) {
 	fmt.Fprintf(w, "matbus keeps a Kubernetes Service per simulated MAT BMC, driven by NATS JetStream events.\n\nUsage: matbus <subcommand> [flags]\n\nSubcommands:\n")
-	for _, n := range []string{"dev", "discovery", "worker", "check", "plan", "errors", "matsim", "probe", "version"} {
+	for _, n := range []string{"dev", "discovery", "worker", "check", "plan", "status", "errors", "matsim", "probe", "version"} {
 		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
 	}
 	fmt.Fprintf(w, "\nRun `matbus <subcommand> --help` for its flags; every flag can also be set by an environment variable.\n")

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/matbus/matbus/operator"
+)
+
+// runStatus is `matbus status`: package operator's status of the
+// namespace's pipeline, read from NATS (instances stream, state bucket,
+// error stream, job consumers), one LIST of Services and, with
+// --sources-url, the sources API. It never asks a worker.
+func runStatus(ctx context.Context, args []string, e env) error {
+	fs := newFlagSet("status", "One row per instance: MAT URL, in rotation or not (poll or probe interval), age of the last good sync, "+
+		"its BMC and NVOS Services, last error kind and age, the worker that last synced it and whether the sources API publishes it; "+
+		"then instances, Services, the job consumers' pending and ack-pending jobs and the discovery leader. "+
+		"Reads what matbus publishes (NATS, one LIST of Services, the sources API); takes the flags and environment of `worker`.", e.stderr)
+	var (
+		n          natsOpts
+		l          logOpts
+		k          kubeOpts
+		w          workerOpts
+		sourcesURL string
+		since      time.Duration
+		timeout    time.Duration
+		output     string
+	)
+	n.register(fs)
+	n.registerTLS(fs)
+	l.register(fs)
+	k.register(fs)
+	w.register(fs)
+	fs.StringVar(&sourcesURL, "sources-url", "", "base URL of a discovery replica's sources API (its --source-list-addr, e.g. http://127.0.0.1:8090) for the PUBLISHED column; empty leaves it unknown")
+	durationVar(fs, &since, "errors-since", time.Hour, "how far back the error stream is read for each instance's last error")
+	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all reads together may take")
+	fs.StringVar(&output, "output", "text", "output format: text or json")
+	fs.StringVar(&output, "o", "text", "shorthand for --output")
+	validOutput := func() error {
+		if output != "text" && output != "json" {
+			return fmt.Errorf("%w: --output %q: want text or json", errUsage, output)
+		}
+		return nil
+	}
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, validOutput); err != nil {
+		return err
+	}
+	log, err := l.logger(e.stderr)
+	if err != nil {
+		return err
+	}
+	log = log.With("component", "status")
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	nc, err := n.connect("matbus-status", log)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	bus, err := n.bus(nc, "status", log, &w)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	cfg := operator.StatusConfig{Bus: bus, ManagedBy: w.managedBy, SourcesURL: sourcesURL, ErrorsSince: since}
+	if rc, err := k.restConfig(); err != nil {
+		cfg.KubeErr = err
+	} else if cfg.Kube, err = kubeClient(rc); err != nil {
+		cfg.KubeErr = err
+	}
+	st, err := operator.ReadStatus(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if output == "json" {
+		return operator.WriteStatusJSON(e.stdout, st)
+	}
+	return operator.WriteStatusText(e.stdout, st)
+}

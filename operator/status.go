@@ -1,0 +1,379 @@
+package operator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/plan"
+)
+
+// StatusConfig is what ReadStatus reads from.
+type StatusConfig struct {
+	// Bus reads the instances stream, the state bucket, the error stream
+	// and the job consumers; its Config().Namespace is the pipeline's
+	// namespace (required).
+	Bus *events.Bus
+	// Kube, when set, lists the Services of the namespace once (label
+	// ManagedBy and matbus.io/instance) to count each instance's BMC and
+	// NVOS Services; nil leaves them unknown.
+	Kube      kubernetes.Interface
+	ManagedBy string
+	// KubeErr is why Kube is nil (named in Summary.Unknown).
+	KubeErr error
+	// SourcesURL, when set, is the base URL of a discovery replica's
+	// sources API (e.g. "http://127.0.0.1:8090"); GET <SourcesURL>/v1/sources
+	// tells which instances it publishes. "" leaves that unknown.
+	SourcesURL string
+	// HTTP is the client of the sources API; nil means one with a 5 s timeout.
+	HTTP *http.Client
+	// ErrorsSince is how far back the error stream is read for each
+	// instance's last error; 0 means 1 h.
+	ErrorsSince time.Duration
+}
+
+// Status is the answer of ReadStatus: one row per present instance, sorted
+// by key, and the pipeline's summary.
+type Status struct {
+	// Time is when it was read; the ages of the text form are relative to it.
+	Time      time.Time   `json:"time"`
+	Namespace string      `json:"namespace"`
+	Rows      []StatusRow `json:"instances"`
+	Summary   Summary     `json:"summary"`
+}
+
+// StatusRow is one instance.
+type StatusRow struct {
+	Instance string `json:"instance"`
+	URL      string `json:"url"`
+	// State is the discovery leader's view (rotation, intervals, last good
+	// sync, worker); nil when the leader has not written it (no leader, or
+	// the instance is newer than its last write).
+	State *events.InstanceState `json:"state"`
+	// Services counts the instance's Services by kind; nil when unknown.
+	Services *ServiceCount `json:"services"`
+	// LastError is the instance's latest error event within
+	// StatusConfig.ErrorsSince; nil when none.
+	LastError *ErrorSummary `json:"last_error"`
+	// Published is whether the sources API lists the instance; nil when
+	// not asked or not answered.
+	Published *bool `json:"published"`
+}
+
+// ServiceCount is how many Services of an instance exist, by kind.
+type ServiceCount struct {
+	BMC  int `json:"bmc"`
+	NVOS int `json:"nvos"`
+}
+
+// ErrorSummary is one error event.
+type ErrorSummary struct {
+	Kind      events.ErrorKind `json:"kind"`
+	Time      time.Time        `json:"time"`
+	Message   string           `json:"message"`
+	Permanent bool             `json:"permanent"`
+}
+
+// Summary is the pipeline as a whole.
+type Summary struct {
+	Instances int `json:"instances"`
+	// Services is the number of Services of present instances; -1 when unknown.
+	Services  int              `json:"services"`
+	Consumers []ConsumerStatus `json:"consumers"`
+	// Leader is the discovery leader's entry of the state bucket; nil when
+	// none. LeaderStale is true when it is older than three refreshes
+	// (events.StateRefresh): no publisher has written it since.
+	Leader      *events.LeaderState `json:"leader"`
+	LeaderStale bool                `json:"leader_stale,omitempty"`
+	// Unknown lists the parts that could not be read, and why.
+	Unknown []string `json:"unknown,omitempty"`
+}
+
+// ConsumerStatus is one durable job consumer: jobs waiting for a worker
+// (Pending) and jobs out with a worker (AckPending).
+type ConsumerStatus struct {
+	Name       string `json:"name"`
+	Pending    uint64 `json:"pending"`
+	AckPending int    `json:"ack_pending"`
+}
+
+// ReadStatus reads the pipeline's status from what matbus publishes: the
+// instances (last record per instance subject), the discovery leader's
+// state bucket, the error stream of the last ErrorsSince, the job
+// consumers' info, and, when configured, one LIST of Services and one GET
+// of the sources API. No worker is asked. A part that cannot be read is
+// named in Summary.Unknown and leaves its columns unknown; the error is
+// only for the instances stream, without which there are no rows.
+func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
+	bus := cfg.Bus
+	ns := bus.Config().Namespace
+	st := &Status{Time: time.Now(), Namespace: ns}
+	recs, bad, err := bus.Instances(ctx)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("operator: %w (no discovery has started on this NATS with this subject prefix)", err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("operator: %w", err)
+	}
+	sum := &st.Summary
+	for _, k := range bad {
+		sum.Unknown = append(sum.Unknown, "instance record "+k+": does not decode")
+	}
+	for k, r := range recs {
+		if r.Present() {
+			st.Rows = append(st.Rows, StatusRow{Instance: k, URL: r.Instance.URL})
+		}
+	}
+	slices.SortFunc(st.Rows, func(a, b StatusRow) int { return strings.Compare(a.Instance, b.Instance) })
+	sum.Instances = len(st.Rows)
+
+	states, leader, err := bus.ReadState(ctx, ns)
+	if err != nil {
+		sum.Unknown = append(sum.Unknown, "state: "+err.Error())
+	}
+	sum.Leader = leader
+	sum.LeaderStale = leader != nil && st.Time.Sub(leader.Updated) > 3*events.StateRefresh
+	errs, err := lastErrors(ctx, bus, ns, cfg.ErrorsSince)
+	if err != nil {
+		sum.Unknown = append(sum.Unknown, "errors: "+err.Error())
+	}
+	var services map[string]ServiceCount
+	if cfg.KubeErr != nil {
+		sum.Unknown = append(sum.Unknown, "Services: "+cfg.KubeErr.Error())
+	}
+	if cfg.Kube != nil {
+		if services, err = countServices(ctx, cfg.Kube, ns, cfg.ManagedBy); err != nil {
+			sum.Unknown = append(sum.Unknown, "Services: "+err.Error())
+		}
+	}
+	var published map[string]bool
+	if cfg.SourcesURL != "" {
+		if published, err = sourceNames(ctx, cfg.HTTP, cfg.SourcesURL); err != nil {
+			sum.Unknown = append(sum.Unknown, "sources API: "+err.Error())
+		}
+	}
+	sum.Services = -1
+	if services != nil {
+		sum.Services = 0
+	}
+	for i := range st.Rows {
+		r := &st.Rows[i]
+		if s, ok := states[r.Instance]; ok {
+			r.State = &s
+		}
+		if e, ok := errs[r.Instance]; ok {
+			r.LastError = &e
+		}
+		if services != nil {
+			c := services[plan.LabelValue(r.Instance)]
+			r.Services = &c
+			sum.Services += c.BMC + c.NVOS
+		}
+		if published != nil {
+			_, name, _ := strings.Cut(r.Instance, ".")
+			p := published[name]
+			r.Published = &p
+		}
+	}
+	for _, role := range []string{events.SyncConsumer, events.DeleteConsumer} {
+		info, err := bus.ConsumerInfo(ctx, role)
+		if err != nil {
+			sum.Unknown = append(sum.Unknown, err.Error())
+			continue
+		}
+		sum.Consumers = append(sum.Consumers, ConsumerStatus{Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending})
+	}
+	return st, nil
+}
+
+// lastErrors reads the error events of the last since (0: 1 h) and returns
+// the latest per instance of namespace ns (every namespace when empty).
+func lastErrors(ctx context.Context, bus *events.Bus, ns string, since time.Duration) (map[string]ErrorSummary, error) {
+	if since <= 0 {
+		since = time.Hour
+	}
+	start := time.Now().Add(-since)
+	cons, err := bus.JS.OrderedConsumer(ctx, bus.StreamName("ERRORS"), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{bus.Subjects.Errors()}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start})
+	if err != nil {
+		return nil, fmt.Errorf("read the error stream: %w", err)
+	}
+	out := map[string]ErrorSummary{}
+	pending := cons.CachedInfo().NumPending
+	if pending == 0 {
+		return out, nil
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("read the error stream: %w", err)
+	}
+	defer it.Stop()
+	for read := uint64(0); read < pending; read++ {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return out, fmt.Errorf("read the error stream (%d of %d events): %w", read, pending, err)
+		}
+		env, err := events.Decode(m.Data())
+		if err != nil {
+			continue
+		}
+		e, err := events.Into[events.Error](env, events.TypeError)
+		if err != nil || e.Instance == "" || ns != "" && !strings.HasPrefix(e.Instance, ns+".") {
+			continue
+		}
+		out[e.Instance] = ErrorSummary{Kind: e.Kind, Time: env.Time, Message: e.Message, Permanent: e.Permanent}
+	}
+	return out, nil
+}
+
+// countServices lists the Services of ns labelled managed-by managedBy
+// and matbus.io/instance once and counts them per instance label value:
+// NVOS for those with the NVOS IP annotation, BMC for the others.
+func countServices(ctx context.Context, kube kubernetes.Interface, ns, managedBy string) (map[string]ServiceCount, error) {
+	list, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{
+		LabelSelector: plan.LabelManagedBy + "=" + managedBy + "," + plan.LabelInstance})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]ServiceCount{}
+	for _, s := range list.Items {
+		c := out[s.Labels[plan.LabelInstance]]
+		if s.Annotations[plan.AnnotationNVOSIP] != "" {
+			c.NVOS++
+		} else {
+			c.BMC++
+		}
+		out[s.Labels[plan.LabelInstance]] = c
+	}
+	return out, nil
+}
+
+// sourceNames GETs the sources API document and returns the names it lists.
+func sourceNames(ctx context.Context, c *http.Client, base string) (map[string]bool, error) {
+	if c == nil {
+		c = &http.Client{Timeout: 5 * time.Second}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+discovery.SourcesPath, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", req.URL, resp.Status)
+	}
+	var doc discovery.Sources
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&doc); err != nil {
+		return nil, fmt.Errorf("GET %s: %w", req.URL, err)
+	}
+	if !doc.Ready {
+		return nil, errors.New("not ready (no discovery pass yet)")
+	}
+	out := make(map[string]bool, len(doc.List))
+	for _, e := range doc.List {
+		out[e.Name] = true
+	}
+	return out, nil
+}
+
+// WriteStatusJSON writes st as one indented JSON document.
+func WriteStatusJSON(w io.Writer, st *Status) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(st); err != nil {
+		return fmt.Errorf("operator: write status: %w", err)
+	}
+	return nil
+}
+
+// WriteStatusText writes st as a table, one row per instance (INSTANCE,
+// URL, ROTATION with the poll or probe interval, LAST SYNC age, SERVICES
+// as BMC/NVOS, LAST ERROR kind and age, WORKER, PUBLISHED), "-" for what
+// is unknown, then the summary lines.
+func WriteStatusText(w io.Writer, st *Status) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tURL\tROTATION\tLAST SYNC\tSERVICES (BMC/NVOS)\tLAST ERROR\tWORKER\tPUBLISHED")
+	for _, r := range st.Rows {
+		rot, last, worker := "-", "-", "-"
+		if s := r.State; s != nil {
+			if s.InRotation {
+				rot = "in (poll " + ms(s.PollIntervalMS) + ")"
+			} else {
+				rot = fmt.Sprintf("OUT (probe %s, %d failed)", ms(s.ProbeIntervalMS), s.FailedFetches)
+			}
+			if !s.LastGoodSync.IsZero() {
+				last = age(st.Time, s.LastGoodSync) + " ago"
+			} else {
+				last = "never"
+			}
+			if s.Worker != "" {
+				worker = s.Worker
+			}
+		}
+		svc := "-"
+		if r.Services != nil {
+			svc = fmt.Sprintf("%d/%d", r.Services.BMC, r.Services.NVOS)
+		}
+		lastErr := "-"
+		if e := r.LastError; e != nil {
+			lastErr = string(e.Kind) + " " + age(st.Time, e.Time) + " ago"
+		}
+		pub := "-"
+		if r.Published != nil {
+			pub = map[bool]string{true: "yes", false: "NO"}[*r.Published]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Instance, r.URL, rot, last, svc, lastErr, worker, pub)
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("operator: write status: %w", err)
+	}
+	s := st.Summary
+	svc := "unknown"
+	if s.Services >= 0 {
+		svc = fmt.Sprint(s.Services)
+	}
+	var cons []string
+	for _, c := range s.Consumers {
+		cons = append(cons, fmt.Sprintf("%s %d pending, %d ack-pending", c.Name, c.Pending, c.AckPending))
+	}
+	if len(cons) == 0 {
+		cons = []string{"consumers unknown"}
+	}
+	leader := "none"
+	if l := s.Leader; l != nil {
+		leader = fmt.Sprintf("%s (leading %s, written %s ago)", l.Identity, age(st.Time, l.Since), age(st.Time, l.Updated))
+		if s.LeaderStale {
+			leader += " STALE"
+		}
+	}
+	fmt.Fprintf(w, "\n%d instances, %s Services; %s; discovery leader %s\n", s.Instances, svc, strings.Join(cons, "; "), leader)
+	for _, u := range s.Unknown {
+		fmt.Fprintf(w, "unknown: %s\n", u)
+	}
+	return nil
+}
+
+// ms renders a millisecond count as a duration ("1s", "8s", "250ms").
+func ms(v int64) string { return (time.Duration(v) * time.Millisecond).String() }
+
+// age renders now - t rounded to the second (under a second: "0s").
+func age(now, t time.Time) string {
+	d := max(now.Sub(t), 0)
+	return d.Round(time.Second).String()
+}
