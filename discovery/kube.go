@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubewatch"
 )
 
 // Labels and annotations read from discovered MAT Services.
@@ -70,6 +71,10 @@ type KubeConfig struct {
 	// ClusterDomain is the cluster's DNS domain used in DNS names (see
 	// ServiceDNSName); "" means DefaultClusterDomain.
 	ClusterDomain string
+	// Report receives the start and the end of each failure of the
+	// informer's list or watch calls (kind events.ErrorWatch; see
+	// KubeSource.WatchHealth); nil logs them only.
+	Report *events.Reporter
 }
 
 // KubeSource discovers MAT instances as Kubernetes Services matching a label
@@ -85,6 +90,7 @@ type KubeSource struct {
 	lister   corelisters.ServiceLister
 	synced   cache.InformerSynced
 	report   func(key, msg string)
+	watch    *kubewatch.Tracker
 }
 
 // NewKube returns a Kubernetes source. It returns an error for an invalid
@@ -116,8 +122,16 @@ func NewKube(kube kubernetes.Interface, cfg KubeConfig, log *slog.Logger, report
 	if report == nil {
 		report = func(string, string) {}
 	}
-	return &KubeSource{kube: kube, cfg: cfg, selector: sel, log: log, report: report}, nil
+	return &KubeSource{kube: kube, cfg: cfg, selector: sel, log: log, report: report,
+		watch: kubewatch.New("services", cfg.Report, log)}, nil
 }
+
+// WatchHealth returns the tracker of the informer's list and watch calls:
+// its Err is nil while they succeed, else the reason (e.g. "watch
+// services: services is forbidden: …"). While it fails the instances are
+// as of the last successful list (Instances still reports them), so
+// changes reach them late or not at all.
+func (s *KubeSource) WatchHealth() *kubewatch.Tracker { return s.watch }
 
 // Scope implements Source: "k8s:<namespace>:<selector>".
 func (s *KubeSource) Scope() string {
@@ -131,13 +145,15 @@ func (s *KubeSource) Scope() string {
 // Run implements Source. The informer runs until ctx ends; deletes seen as
 // tombstones (cache.DeletedFinalStateUnknown) are handled like deletes.
 func (s *KubeSource) Run(ctx context.Context, notify func()) error {
-	opts := []informers.SharedInformerOption{informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.LabelSelector = s.selector.String()
-	})}
+	tweak := func(o *metav1.ListOptions) { o.LabelSelector = s.selector.String() }
+	opts := []informers.SharedInformerOption{informers.WithTweakListOptions(tweak)}
 	if s.cfg.Namespace != "" {
 		opts = append(opts, informers.WithNamespace(s.cfg.Namespace))
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, opts...)
+	if _, err := s.watch.ServiceInformer(f, s.cfg.Namespace, tweak); err != nil {
+		return fmt.Errorf("discovery: informer: %w", err)
+	}
 	inf := f.Core().V1().Services()
 	_, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { notify() },
