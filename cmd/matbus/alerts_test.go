@@ -57,7 +57,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	var leading atomic.Bool
 	var sched atomic.Pointer[discovery.Scheduler]
 	var cur atomic.Pointer[leadState]
-	dreg := discoveryRegistry(bus, rep, &leading, &sched, &cur)
+	dreg := discoveryRegistry(bus, rep, &leading, &sched, &cur, nil)
 	readyMetric(dreg, "discovery", ready)
 
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
@@ -120,7 +120,8 @@ func exported(names map[string]bool, name string) bool {
 func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 	names := exportedNames(t)
 	for _, must := range []string{"go_goroutines", "process_cpu_seconds_total", "matbus_build_info", "matbus_worker_jobs_total",
-		"matbus_instance_last_sync_success_timestamp_seconds", "matbus_consumer_pending_messages", "matbus_discovery_leader"} {
+		"matbus_instance_last_sync_success_timestamp_seconds", "matbus_consumer_pending_messages", "matbus_discovery_leader",
+		"matbus_informer_healthy", "matbus_informer_failures_total"} {
 		if !names[must] {
 			t.Errorf("%s is not registered", must)
 		}
@@ -150,7 +151,7 @@ func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 	}
 	sort.Strings(alerts)
 	for _, want := range []string{"MatbusConsumerLagGrowing", "MatbusErrorEventsRising", "MatbusInstanceNotSynced",
-		"MatbusNoDiscoveryLeader", "MatbusWorkersNotReady"} {
+		"MatbusNoDiscoveryLeader", "MatbusWorkersNotReady", "MatbusInformerFailing"} {
 		if _, ok := setOf(alerts)[want]; !ok {
 			t.Errorf("alert %s missing; have %v", want, alerts)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/kubeevents"
+	"github.com/matbus/matbus/kubewatch"
 )
 
 // discoveryOpts are the publisher's flags; `dev` shares some.
@@ -129,7 +130,7 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 		rep.Report(context.Background(), events.Error{Kind: events.ErrorDiscovery, Instance: key, Message: msg})
 	}
 	src, err := discovery.NewKube(kube, discovery.KubeConfig{Namespace: namespace, Selector: o.selector,
-		Scheme: o.scheme, HostMode: o.hostMode, ClusterDomain: o.clusterDomain}, log, report)
+		Scheme: o.scheme, HostMode: o.hostMode, ClusterDomain: o.clusterDomain, Report: rep}, log, report)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -201,28 +202,32 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	// One source (one informer) for the process's lifetime: every replica,
+	// leading or not, makes its own passes for the sources API, and each
+	// term as leader publishes from the same source. It starts below and
+	// stops when this function returns.
+	src, err := o.source(kube, namespace, log, rep)
+	if err != nil {
+		return err
+	}
+	var watch *kubewatch.Tracker // the informer's list and watch calls; nil for a static source
+	if ks, ok := src.(*discovery.KubeSource); ok {
+		watch = ks.WatchHealth()
+	}
 	var leading atomic.Bool
 	var sched atomic.Pointer[discovery.Scheduler]
 	var cur atomic.Pointer[leadState]
-	reg := discoveryRegistry(bus, rep, &leading, &sched, &cur)
+	reg := discoveryRegistry(bus, rep, &leading, &sched, &cur, watch)
 	var probe *apiProbe
 	if kube != nil {
 		probe = startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log)
 	}
-	ready := discoveryReadiness(nc, probe, &cur, o.staleAfter)
+	ready := discoveryReadiness(nc, probe, watch, &cur, o.staleAfter)
 	readyMetric(reg, "discovery", ready.err)
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
 	}
 	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
-	// One source (one informer) for the process's lifetime: every replica,
-	// leading or not, makes its own passes for the sources API, and each
-	// term as leader publishes from the same source. It stops when this
-	// function returns.
-	src, err := o.source(kube, namespace, log, rep)
-	if err != nil {
-		return err
-	}
 	ctx, stopSource := context.WithCancel(ctx)
 	defer stopSource()
 	shared := discovery.Share(src)
@@ -351,13 +356,18 @@ type leadState struct {
 
 // discoveryReadiness: connected to NATS; the Kubernetes API answers (when
 // discovery uses it: probe is nil for a static source without election);
+// the source's informer lists and watches (watch, nil for a static
+// source: on every replica, since each serves the sources API from it);
 // and, while leading, the source has synced and a sync tick succeeded
 // within staleAfter (counted from taking the lead). A follower that can
 // reach NATS and the API is ready: it is what takes over.
-func discoveryReadiness(nc *nats.Conn, probe *apiProbe, cur *atomic.Pointer[leadState], staleAfter time.Duration) readiness {
+func discoveryReadiness(nc *nats.Conn, probe *apiProbe, watch *kubewatch.Tracker, cur *atomic.Pointer[leadState], staleAfter time.Duration) readiness {
 	r := readiness{natsCheck(nc)}
 	if probe != nil {
 		r = append(r, probe.check())
+	}
+	if watch != nil {
+		r = append(r, informerCheck(watch))
 	}
 	r = append(r, readyCheck{name: "discovery", check: func() error {
 		if st := cur.Load(); st != nil {

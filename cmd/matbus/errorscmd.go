@@ -25,7 +25,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	n.register(fs)
 	n.registerTLS(fs)
 	fs.DurationVar(&since, "since", 0, "also print events of this long ago (e.g. 1h); 0 prints only new ones")
-	fs.Var(&kinds, "kind", "only these kinds (delete, fetch, create, update, close, event, discovery, plan); repeatable")
+	fs.Var(&kinds, "kind", "only these kinds (delete, fetch, create, update, close, event, discovery, plan, watch); repeatable")
 	fs.BoolVar(&asJSON, "json", false, "print each event as its JSON envelope")
 	fs.BoolVar(&follow, "follow", true, "keep printing new events; false exits after the backlog")
 	fs.StringVar(&healthAddr, "health-addr", "", "address of /healthz and /readyz (ready while connected to NATS and reading the error stream), e.g. :8080 for a container healthcheck; empty disables")

@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/matbus/matbus/kubewatch"
 )
 
 // readyCheck is one condition of readiness: check returns nil when it
@@ -106,6 +108,12 @@ func (p *apiProbe) check() readyCheck {
 		}
 		return nil
 	}}
+}
+
+// informerCheck holds while no list or watch call of t's informer fails;
+// the reason is t's, e.g. "watch services: services is forbidden: …".
+func informerCheck(t *kubewatch.Tracker) readyCheck {
+	return readyCheck{name: "informer", check: t.Err}
 }
 
 // freshness is the readiness condition "something succeeded within

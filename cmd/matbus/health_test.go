@@ -94,7 +94,7 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 	probe := startAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, log)
 	var cur atomic.Pointer[leadState]
 	const staleAfter = 1500 * time.Millisecond
-	r := discoveryReadiness(nc, probe, &cur, staleAfter)
+	r := discoveryReadiness(nc, probe, nil, &cur, staleAfter)
 
 	// A follower on a healthy NATS and API is ready; /readyz says so.
 	waitReason(t, r, "")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/kubewatch"
 )
 
 // newRegistry returns a registry with the Go runtime (go_*) and process
@@ -150,7 +151,8 @@ func readyMetric(reg *prometheus.Registry, component string, ready func() error)
 }
 
 // discoveryRegistry returns the registry of a discovery process: newRegistry,
-// eventMetrics, the scheduler's (schedulerMetrics) and
+// eventMetrics, the scheduler's (schedulerMetrics), watch's
+// (kubewatch.NewCollector; watch is nil for a static source) and
 //
 //	matbus_discovery_leader                           1 while this process holds the Lease
 //	matbus_discovery_instances                        instances the leader's source reports
@@ -158,9 +160,10 @@ func readyMetric(reg *prometheus.Registry, component string, ready func() error)
 //
 // The pointers are what the process leads with (nil while following).
 func discoveryRegistry(bus *events.Bus, rep *events.Reporter, leading *atomic.Bool, sched *atomic.Pointer[discovery.Scheduler],
-	cur *atomic.Pointer[leadState]) *prometheus.Registry {
+	cur *atomic.Pointer[leadState], watch *kubewatch.Tracker) *prometheus.Registry {
 	reg := newRegistry()
 	eventMetrics(reg, bus, rep)
+	reg.MustRegister(kubewatch.NewCollector(watch))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "leader",
 		Help: "1 while this publisher holds the Lease."}, func() float64 {
 		if leading.Load() {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/kubeevents"
+	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
@@ -214,6 +215,7 @@ func workerMetrics(reg *prometheus.Registry, w *worker.Worker) {
 	stat("jobs_failed_total", "Jobs that failed: sync jobs whose status fetch or apply failed, jobs that gave up after their deliveries or were refused.", func(s worker.Stats) int64 { return s.Failed })
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "cached_clients", Help: "MAT clients in the cache."},
 		func() float64 { return float64(len(w.Cache().Stats().URLs)) }))
+	reg.MustRegister(kubewatch.NewCollector(w.WatchHealth()))
 }
 
 func runWorker(ctx context.Context, args []string, e env) error {
@@ -285,10 +287,12 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	return w.Run(ctx)
 }
 
-// workerReadiness: connected to NATS, the Kubernetes API answers, and the
-// worker runs (its Service informer has synced and its consumers run).
+// workerReadiness: connected to NATS, the Kubernetes API answers, the
+// Service informer lists and watches (and the clean-up's lists succeed),
+// and the worker runs (its Service informer has synced and its consumers
+// run).
 func workerReadiness(nc *nats.Conn, probe *apiProbe, w *worker.Worker) readiness {
-	return readiness{natsCheck(nc), probe.check(), readyCheck{name: "worker", check: func() error {
+	return readiness{natsCheck(nc), probe.check(), informerCheck(w.WatchHealth()), readyCheck{name: "worker", check: func() error {
 		if !w.Ready() {
 			return errors.New("the Service informer has not synced, or the job consumers are not running")
 		}
