@@ -58,7 +58,10 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
 	fs.StringVar(&o.sourceListAddr, "source-list-addr", "127.0.0.1:8090", "address of the sources API (GET /v1/sources: the MAT instances this replica's source sees, for the MAT protocol gateway; every replica serves it); loopback only unless set, empty disables")
 	fs.DurationVar(&o.sourceListDebounce, "source-list-debounce", 5*time.Second, "a change of the sources API's list is served only when a discovery pass at least this long after it was first seen confirms it (0: at once)")
-	fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
+	o.kubeEvents = true
+	if fs.Lookup("kube-events") == nil { // check and plan register the worker's first: one flag for both
+		fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
+	}
 	durationVar(fs, &o.staleAfter, "health-stale-after", 10*time.Minute, "the leader is not ready (/readyz 503) when no sync tick read the instances stream and published its events for this long")
 }
 
