@@ -131,13 +131,23 @@ func (w *stateWriter) run(ctx context.Context) {
 }
 
 // changed reports whether st must be written over old (written at
-// old.Updated): a change of rotation, failures, outcome or error at once;
-// a later good sync or another worker once refresh has passed.
+// old.Updated): a change of rotation, failures, intervals, error or
+// outcome at once, except between synced and unchanged (a poll and a full
+// resync of a healthy instance); those, a later good sync and another
+// worker once refresh has passed.
 func changed(old, st events.InstanceState, now time.Time, refresh time.Duration) bool {
 	if old.InRotation != st.InRotation || old.FailedFetches != st.FailedFetches || old.ProbeIntervalMS != st.ProbeIntervalMS ||
-		old.PollIntervalMS != st.PollIntervalMS || old.LastOutcome != st.LastOutcome || old.LastError != st.LastError ||
+		old.PollIntervalMS != st.PollIntervalMS || !sameHealth(old.LastOutcome, st.LastOutcome) || old.LastError != st.LastError ||
 		old.LastGoodSync.IsZero() != st.LastGoodSync.IsZero() {
 		return true
 	}
-	return now.Sub(old.Updated) >= refresh && (!old.LastGoodSync.Equal(st.LastGoodSync) || old.Worker != st.Worker)
+	return now.Sub(old.Updated) >= refresh &&
+		(!old.LastGoodSync.Equal(st.LastGoodSync) || old.Worker != st.Worker || old.LastOutcome != st.LastOutcome)
+}
+
+// sameHealth reports whether outcomes a and b are the same, or both a healthy
+// instance's (synced, unchanged).
+func sameHealth(a, b string) bool {
+	healthy := func(o string) bool { return o == events.OutcomeSynced || o == events.OutcomeUnchanged }
+	return a == b || healthy(a) && healthy(b)
 }

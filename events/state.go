@@ -31,7 +31,8 @@ type InstanceState struct {
 	LastGoodSync time.Time `json:"last_good_sync,omitzero"`
 	// Worker names the worker of the last good result ("" when none).
 	Worker string `json:"worker,omitempty"`
-	// LastOutcome is the Outcome* of the last result; LastError its error.
+	// LastOutcome is the Outcome* of the last result (between synced and
+	// unchanged refreshed like LastGoodSync); LastError its error.
 	LastOutcome string `json:"last_outcome,omitempty"`
 	LastError   string `json:"last_error,omitempty"`
 	// Updated is when the leader wrote this entry.
