@@ -176,15 +176,29 @@ func (t *Term) watchPauses(ctx context.Context, tick time.Duration) {
 }
 
 // fencedLock is the Lease lock that tells a Term about every acquire, renew
-// and release, and about another holder it reads.
+// and release, and about another holder it reads. It never releases a
+// Lease that its last read shows held by another process: client-go's
+// release reads the Lease but decides on the holder it observed before, so
+// a leader that was paused past its lease would otherwise empty the new
+// leader's Lease (and could take it back).
 type fencedLock struct {
 	resourcelock.Interface
 	term *Term
+
+	mu     sync.Mutex
+	holder string // the holder of the last Lease read
 }
+
+// ErrLeaseHeldByOther is the error of a release refused because the Lease
+// is held by another process.
+var ErrLeaseHeldByOther = errors.New("discovery: the Lease is held by another process; not released")
 
 func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecord, []byte, error) {
 	rec, raw, err := l.Interface.Get(ctx)
 	if err == nil && rec != nil {
+		l.mu.Lock()
+		l.holder = rec.HolderIdentity
+		l.mu.Unlock()
 		l.term.heldBy(rec.HolderIdentity)
 	}
 	return rec, raw, err
@@ -203,6 +217,12 @@ func (l *fencedLock) Update(ctx context.Context, rec resourcelock.LeaderElection
 	if rec.HolderIdentity != l.term.identity {
 		// A release: the term ends before the Lease is given up.
 		l.term.end(fmt.Errorf("%w: the Lease is released", ErrNotLeading))
+		l.mu.Lock()
+		holder := l.holder
+		l.mu.Unlock()
+		if holder != l.term.identity {
+			return fmt.Errorf("%w (holder %q)", ErrLeaseHeldByOther, holder)
+		}
 		return l.Interface.Update(ctx, rec)
 	}
 	sent := l.term.clock.Now()

@@ -170,6 +170,29 @@ func TestFencedLockRenewCountsFromSend(t *testing.T) {
 	if err := term.Check(); !errors.Is(err, ErrNotLeading) {
 		t.Fatalf("a renew sent 5 s ago (lease 4 s) keeps the term: %v", err)
 	}
+	pauseOnUpdate.Store(nil)
+
+	// Meanwhile b took the Lease: the paused process must not release it,
+	// though client-go's release decides on the holder it observed before.
+	leases := kube.CoordinationV1().Leases("default")
+	l, err := leases.Get(ctx, "fence", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Spec.HolderIdentity = ptr("b")
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := lock.Get(ctx); err != nil {
+		t.Fatal(err)
+	}
+	release := resourcelock.LeaderElectionRecord{LeaseDurationSeconds: 1, AcquireTime: now, RenewTime: now, LeaderTransitions: 2}
+	if err := lock.Update(ctx, release); !errors.Is(err, ErrLeaseHeldByOther) {
+		t.Fatalf("release of b's Lease: %v, want ErrLeaseHeldByOther", err)
+	}
+	if l, err := leases.Get(ctx, "fence", metav1.GetOptions{}); err != nil || *l.Spec.HolderIdentity != "b" {
+		t.Fatalf("b's Lease was released: %+v %v", l.Spec, err)
+	}
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
