@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
 
@@ -185,8 +186,13 @@ type fencedLock struct {
 	resourcelock.Interface
 	term *Term
 
+	// floor, when set, gives the lowest term a Lease this process creates
+	// may start at (see LeaderConfig.Bus).
+	floor func(ctx context.Context) (int, error)
+
 	mu     sync.Mutex
 	holder string // the holder of the last Lease read
+	min    int    // the lowest leaseTransitions this process writes
 }
 
 // ErrLeaseHeldByOther is the error of a release refused because the Lease
@@ -204,7 +210,22 @@ func (l *fencedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRecor
 	return rec, raw, err
 }
 
+// Create creates the Lease. A Lease that was deleted would start its
+// terms at 0 again, below the epochs workers have seen: with a floor, the
+// first term is one above the newest term of the Lease stored on the
+// instances stream. A floor that cannot be read fails the create (tried
+// again at the next retry period).
 func (l *fencedLock) Create(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
+	if l.floor != nil {
+		f, err := l.floor(ctx)
+		if err != nil {
+			return fmt.Errorf("discovery: newest leader term on the instances stream: %w", err)
+		}
+		l.mu.Lock()
+		l.min = max(l.min, f)
+		rec.LeaderTransitions = max(rec.LeaderTransitions, l.min)
+		l.mu.Unlock()
+	}
 	sent := l.term.clock.Now()
 	if err := l.Interface.Create(ctx, rec); err != nil {
 		return err
@@ -225,12 +246,37 @@ func (l *fencedLock) Update(ctx context.Context, rec resourcelock.LeaderElection
 		}
 		return l.Interface.Update(ctx, rec)
 	}
+	l.mu.Lock()
+	// The elector carries the term it created the Lease with: keep the floor.
+	rec.LeaderTransitions = max(rec.LeaderTransitions, l.min)
+	l.mu.Unlock()
 	sent := l.term.clock.Now()
 	if err := l.Interface.Update(ctx, rec); err != nil {
 		return err
 	}
 	l.term.observed(sent, rec)
 	return nil
+}
+
+// termFloor returns the newest term of lease on the instances stream plus
+// one (0 when none is stored).
+func termFloor(bus *events.Bus, lease string) func(ctx context.Context) (int, error) {
+	return func(ctx context.Context) (int, error) {
+		recs, _, err := bus.Instances(ctx)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		floor := 0
+		for _, r := range recs {
+			if r.Epoch != nil && r.Epoch.Lease == lease {
+				floor = max(floor, int(r.Epoch.Term)+1)
+			}
+		}
+		return floor, nil
+	}
 }
 
 type termKey struct{}

@@ -352,3 +352,54 @@ func TestPublisherFencedByTerm(t *testing.T) {
 		t.Errorf("step-down cause %v, want ErrNotLeading", c)
 	}
 }
+
+// A Lease that does not exist (deleted) would start its terms at 0 again,
+// below the epochs on the instances stream: with LeaderConfig.Bus the
+// first term is one above the newest stored term of that Lease, and stays
+// so across renews.
+func TestRecreatedLeaseStartsAboveStoredTerms(t *testing.T) {
+	kube := startKube(t)
+	b := newBus(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := b.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stored := &events.Epoch{Lease: "default/again", Term: 6, Leader: "old"}
+	other := &events.Epoch{Lease: "default/other", Term: 40, Leader: "x"}
+	for key, ep := range map[string]*events.Epoch{"ns.a": stored, "ns.b": other} {
+		inst := events.Instance{Key: key, URL: "https://x:1", Scope: "t"}
+		if err := b.Publish(ctx, b.Subjects.Instance(key), events.TypeInstanceGone, key, inst, events.WithEpoch(ep)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	terms := make(chan *Term, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunLeaderElected(ctx, kube, LeaderConfig{Namespace: "default", LeaseName: "again", Identity: "a", Bus: b,
+			LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 200 * time.Millisecond}, nil,
+			func(lctx context.Context) { terms <- TermOf(lctx); <-lctx.Done() })
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	var term *Term
+	select {
+	case term = <-terms:
+	case <-time.After(30 * time.Second):
+		t.Fatal("not leading")
+	}
+	if got := term.Epoch(); got.Term != 7 {
+		t.Fatalf("first term of a created Lease %v, want 7 (stored 6 on it; 40 on another Lease)", got)
+	}
+	time.Sleep(time.Second) // several renews
+	if err := term.Check(); err != nil {
+		t.Fatalf("after renews: %v", err)
+	}
+	l, err := kube.CoordinationV1().Leases("default").Get(ctx, "again", metav1.GetOptions{})
+	if err != nil || *l.Spec.LeaseTransitions != 7 {
+		t.Fatalf("Lease transitions %v (%v), want 7", l.Spec.LeaseTransitions, err)
+	}
+}

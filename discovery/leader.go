@@ -11,6 +11,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/utils/clock"
+
+	"github.com/matbus/matbus/events"
 )
 
 // LeaderConfig configures leader election on a coordination.k8s.io Lease.
@@ -25,6 +27,11 @@ type LeaderConfig struct {
 	// LeaseDuration − RenewDeadline (5 s with the defaults), at most half
 	// the LeaseDuration.
 	Margin time.Duration
+	// Bus, when set, is read when this process creates the Lease (none
+	// exists, e.g. it was deleted): the first term starts one above the
+	// newest term of the Lease on the instances stream, so workers that
+	// saw the old Lease's terms do not refuse the new one's messages.
+	Bus *events.Bus
 }
 
 // RunLeaderElected runs lead whenever this process holds the Lease and
@@ -60,13 +67,17 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 		Client:     kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: cfg.Identity},
 	}
+	var floor func(context.Context) (int, error)
+	if cfg.Bus != nil {
+		floor = termFloor(cfg.Bus, cfg.Namespace+"/"+cfg.LeaseName)
+	}
 	for ctx.Err() == nil {
 		// One term per campaign: the term steps down by ending cctx.
 		cctx, stop := context.WithCancelCause(ctx)
 		term := newTerm(clock.RealClock{}, cfg.Namespace+"/"+cfg.LeaseName, cfg.Identity, cfg.LeaseDuration, cfg.Margin, log, stop)
 		led := make(chan struct{}) // closed when lead has returned
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: &fencedLock{Interface: lease, term: term}, LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline,
+			Lock: &fencedLock{Interface: lease, term: term, floor: floor}, LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline,
 			RetryPeriod: cfg.RetryPeriod, ReleaseOnCancel: true, Name: cfg.LeaseName,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {

@@ -268,7 +268,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	}
 	var leadErr error
 	err = discovery.RunLeaderElected(ctx, kube, discovery.LeaderConfig{Namespace: leaseNS, LeaseName: o.leaseName, Identity: ident,
-		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod}, log,
+		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod, Bus: bus}, log,
 		func(lctx context.Context) {
 			if err := lead(lctx); err != nil && !errors.Is(err, context.Canceled) {
 				leadErr = err
