@@ -74,22 +74,6 @@ func (e *env) watchEvents() []string {
 	return out
 }
 
-// waitLong is waitFor with recoverTimeout.
-func waitLong(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(recoverTimeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last state: %s", recoverTimeout, what, state)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // expectWatchFailure waits until readiness names verb as failing with the
 // API server's refusal, and checks that one start event and one log line
 // said so.
@@ -115,7 +99,7 @@ func (e *env) expectWatchFailure(w *testWorker, user, verb string) {
 // the failure ended with one more event and log line.
 func (e *env) expectWatchRecovery(w *testWorker, verb string) {
 	e.t.Helper()
-	waitLong(e.t, "readiness after "+verb+" is granted back", func() (bool, string) {
+	waitWithin(e.t, recoverTimeout, "readiness after "+verb+" is granted back", func() (bool, string) {
 		err := readiness(w)
 		return err == nil, fmt.Sprintf("readiness: %v", err)
 	})
@@ -153,6 +137,29 @@ func (e *env) expectPermanent(w *testWorker, kind events.ErrorKind, verb string)
 	}
 }
 
+// startAs grants user verbs on Services and starts a simulator of fleet
+// (the v2-mixed fixture when nil), a static discovery of it as mat-a and a
+// worker as user, configured by tweak (may be nil).
+func (e *env) startAs(user string, verbs []string, fleet *matsim.Fleet, tweak func(*worker.Config)) (*matsim.Server, *testWorker) {
+	e.t.Helper()
+	e.grant(user, verbs...)
+	if fleet == nil {
+		fleet = fixtureFleet(e.t, fixtureV2Mixed)
+	}
+	sim := e.startSim(matsim.Options{Fleet: fleet})
+	e.startDiscovery(e.entry("mat-a", sim.URL()))
+	return sim, e.startWorker(workerOpts{Rest: as(user), Tweak: tweak})
+}
+
+// expectUnchanged checks that the Services are those of before (by UID):
+// nothing was deleted or re-created while why.
+func (e *env) expectUnchanged(before map[string]string, why string) {
+	e.t.Helper()
+	if after := uids(e.services()); !mapsEqual(after, before) {
+		e.t.Errorf("Services changed while %s:\nbefore %v\nafter  %v", why, before, after)
+	}
+}
+
 // TestMissingServiceVerbs runs a worker under an identity that lacks one
 // verb on Services, against the real API server, then grants it back:
 //
@@ -172,16 +179,11 @@ func TestMissingServiceVerbs(t *testing.T) {
 	t.Run("watch", func(t *testing.T) {
 		e := newEnv(t)
 		const user = "matbus-no-watch"
-		e.grant(user, allBut("watch")...)
-		sim := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
-		e.startDiscovery(e.entry("mat-a", sim.URL()))
-		w := e.startWorker(workerOpts{Rest: as(user)})
+		_, w := e.startAs(user, allBut("watch"), nil, nil)
 		before := uids(e.waitServices(v2MixedNames()...))
 		e.expectWatchFailure(w, user, "watch")
 		waitSyncs(t, w, 3)
-		if after := uids(e.services()); !mapsEqual(after, before) {
-			t.Errorf("Services changed without watch:\nbefore %v\nafter  %v", before, after)
-		}
+		e.expectUnchanged(before, "watch was refused")
 
 		e.setVerbs(user, serviceVerbs...)
 		e.expectWatchRecovery(w, "watch")
@@ -221,9 +223,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 			n := w.WatchHealth().Failures()["list"]
 			return n >= 3, fmt.Sprintf("%d refused lists", n)
 		})
-		if after := uids(e.services()); !mapsEqual(after, before) {
-			t.Errorf("Services changed while the clean-up could not list:\nbefore %v\nafter  %v", before, after)
-		}
+		e.expectUnchanged(before, "the clean-up could not list")
 		for _, ev := range e.errs.Of(events.ErrorDelete) {
 			if ev.Permanent {
 				t.Errorf("the clean-up gave up for good: %+v", ev)
@@ -231,7 +231,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 		}
 
 		e.setVerbs(user, serviceVerbs...)
-		waitLong(t, "mat-b's Services deleted, mat-a's kept", func() (bool, string) {
+		waitWithin(t, recoverTimeout, "mat-b's Services deleted, mat-a's kept", func() (bool, string) {
 			after := e.services()
 			var left []string
 			for n, s := range after {
@@ -249,16 +249,13 @@ func TestMissingServiceVerbs(t *testing.T) {
 	t.Run("create", func(t *testing.T) {
 		e := newEnv(t)
 		const user = "matbus-no-create"
-		e.grant(user, allBut("create")...)
-		sim := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
-		e.startDiscovery(e.entry("mat-a", sim.URL()))
-		w := e.startWorker(workerOpts{Rest: as(user)})
+		_, w := e.startAs(user, allBut("create"), nil, nil)
 		e.expectPermanent(w, events.ErrorCreate, "create")
 		if got := e.services(); len(got) != 0 {
 			t.Errorf("Services exist although create is refused: %v", uids(got))
 		}
 		e.setVerbs(user, serviceVerbs...)
-		waitLong(t, "the Services created once create is granted", func() (bool, string) {
+		waitWithin(t, recoverTimeout, "the Services created once create is granted", func() (bool, string) {
 			got := e.services()
 			return len(got) == len(v2MixedNames()), fmt.Sprintf("%d Services", len(got))
 		})
@@ -270,11 +267,8 @@ func TestMissingServiceVerbs(t *testing.T) {
 	t.Run("update", func(t *testing.T) {
 		e := newEnv(t)
 		const user = "matbus-no-update"
-		e.grant(user, serviceVerbs...)
 		fleet := fixtureFleet(t, fixtureV2Mixed)
-		sim := e.startSim(matsim.Options{Fleet: fleet})
-		e.startDiscovery(e.entry("mat-a", sim.URL()))
-		w := e.startWorker(workerOpts{Rest: as(user), Tweak: func(c *worker.Config) { c.Plan.StateAnnotations = true }})
+		sim, w := e.startAs(user, serviceVerbs, fleet, func(c *worker.Config) { c.Plan.StateAnnotations = true })
 		before := uids(e.waitServices(v2MixedNames()...))
 
 		e.setVerbs(user, allBut("update", "patch")...)
@@ -284,29 +278,21 @@ func TestMissingServiceVerbs(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.expectPermanent(w, events.ErrorUpdate, "update")
-		if after := uids(e.services()); !mapsEqual(after, before) {
-			t.Errorf("Services re-created or deleted while update is refused:\nbefore %v\nafter  %v", before, after)
-		}
+		e.expectUnchanged(before, "update was refused")
 
 		e.setVerbs(user, serviceVerbs...)
 		const name = "mat-bmc-host-922f3d9b-20b-4da64654"
-		waitLong(t, "the update once update is granted", func() (bool, string) {
+		waitWithin(t, recoverTimeout, "the update once update is granted", func() (bool, string) {
 			s := e.service(name)
 			return s != nil && s.Annotations[plan.AnnotationPowerState] == "Off", fmt.Sprintf("annotations %v", s.Annotations)
 		})
-		if after := uids(e.services()); !mapsEqual(after, before) {
-			t.Errorf("Services re-created or deleted by the update:\nbefore %v\nafter  %v", before, after)
-		}
+		e.expectUnchanged(before, "the update was made")
 	})
 
 	t.Run("delete", func(t *testing.T) {
 		e := newEnv(t)
 		const user = "matbus-no-delete-verb"
-		e.grant(user, allBut("delete")...)
-		fleet := fixtureFleet(t, fixtureV2Mixed)
-		sim := e.startSim(matsim.Options{Fleet: fleet})
-		e.startDiscovery(e.entry("mat-a", sim.URL()))
-		w := e.startWorker(workerOpts{Rest: as(user)})
+		sim, w := e.startAs(user, allBut("delete"), nil, nil)
 		before := uids(e.waitServices(v2MixedNames()...))
 
 		const gone = "mat-bmc-host-d5bb3746-fdf-4f4ad08b"
@@ -314,9 +300,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 			t.Fatal(err)
 		}
 		e.expectPermanent(w, events.ErrorDelete, "delete")
-		if after := uids(e.services()); !mapsEqual(after, before) {
-			t.Errorf("Services changed although delete is refused:\nbefore %v\nafter  %v", before, after)
-		}
+		e.expectUnchanged(before, "delete was refused")
 
 		e.setVerbs(user, serviceVerbs...)
 		// A later status plans the delete again under a new job id.
@@ -325,7 +309,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 		if err := sim.SetFleet(later); err != nil {
 			t.Fatal(err)
 		}
-		waitLong(t, "the stale Service deleted once delete is granted", func() (bool, string) {
+		waitWithin(t, recoverTimeout, "the stale Service deleted once delete is granted", func() (bool, string) {
 			return e.service(gone) == nil, "still there"
 		})
 		for n, uid := range before {

@@ -15,12 +15,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
 )
@@ -169,7 +172,11 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 }
 
 // TestWorkerReadinessCauses: a worker that is not running is not ready,
-// and says why.
+// and says why. While its Service informer cannot watch, /readyz is 503
+// with the watch's reason (ahead of the worker's own state) and
+// matbus_informer_healthy is 0; once a watch succeeds the informer is no
+// cause any more and the gauge is 1. (The worker package's
+// TestMissingServiceVerbs makes the same failure with a real API server.)
 func TestWorkerReadinessCauses(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -193,8 +200,35 @@ func TestWorkerReadinessCauses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reg := newRegistry()
+	workerMetrics(reg, w)
 	r := workerReadiness(nc, startAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, log), w)
+	addr := freeAddr(t)
+	if err := serveHealth(ctx, addr, r.err, reg, log); err != nil {
+		t.Fatal(err)
+	}
 	waitReason(t, r, "worker: the Service informer has not synced")
+
+	refused := apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "",
+		errors.New(`User "system:serviceaccount:team-a:matbus" cannot watch resource "services" in API group "" in the namespace "team-a"`))
+	w.WatchHealth().Observe(ctx, kubewatch.VerbWatch, refused)
+	code, body := get(t, "http://"+addr+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not ready: informer: watch services: services is forbidden: ") ||
+		!strings.Contains(body, `cannot watch resource "services"`) || strings.Count(body, "\n") != 1 {
+		t.Errorf("/readyz while the watch is refused: %d %q", code, body)
+	}
+	if _, m := get(t, "http://"+addr+"/metrics"); !strings.Contains(m, `matbus_informer_healthy{informer="services"} 0`) ||
+		!strings.Contains(m, `matbus_informer_failures_total{informer="services",verb="watch"} 1`) {
+		t.Errorf("/metrics while the watch is refused lacks the informer's state:\n%s", strings.Join(linesWith(m, "matbus_informer_"), "\n"))
+	}
+	w.WatchHealth().Observe(ctx, kubewatch.VerbWatch, nil)
+	if code, body := get(t, "http://"+addr+"/readyz"); code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not ready: worker: ") {
+		t.Errorf("/readyz after the watch works again (the worker itself is not running): %d %q", code, body)
+	}
+	if _, m := get(t, "http://"+addr+"/metrics"); !strings.Contains(m, `matbus_informer_healthy{informer="services"} 1`) {
+		t.Errorf("/metrics after recovery:\n%s", strings.Join(linesWith(m, "matbus_informer_"), "\n"))
+	}
+
 	ns.Shutdown()
 	waitReason(t, r, "NATS: not connected")
 }
