@@ -223,15 +223,9 @@ func (l *fencedLock) Create(ctx context.Context, rec resourcelock.LeaderElection
 		}
 		l.mu.Lock()
 		l.min = max(l.min, f)
-		rec.LeaderTransitions = max(rec.LeaderTransitions, l.min)
 		l.mu.Unlock()
 	}
-	sent := l.term.clock.Now()
-	if err := l.Interface.Create(ctx, rec); err != nil {
-		return err
-	}
-	l.term.observed(sent, rec)
-	return nil
+	return l.write(ctx, rec, l.Interface.Create)
 }
 
 func (l *fencedLock) Update(ctx context.Context, rec resourcelock.LeaderElectionRecord) error {
@@ -246,12 +240,19 @@ func (l *fencedLock) Update(ctx context.Context, rec resourcelock.LeaderElection
 		}
 		return l.Interface.Update(ctx, rec)
 	}
+	return l.write(ctx, rec, l.Interface.Update)
+}
+
+// write sends rec, an acquire or renew by this process, with send (Create
+// or Update), at least at the floor's term (the elector carries the term it
+// created the Lease with), and tells the term when it was sent once it
+// succeeded.
+func (l *fencedLock) write(ctx context.Context, rec resourcelock.LeaderElectionRecord, send func(context.Context, resourcelock.LeaderElectionRecord) error) error {
 	l.mu.Lock()
-	// The elector carries the term it created the Lease with: keep the floor.
 	rec.LeaderTransitions = max(rec.LeaderTransitions, l.min)
 	l.mu.Unlock()
 	sent := l.term.clock.Now()
-	if err := l.Interface.Update(ctx, rec); err != nil {
+	if err := send(ctx, rec); err != nil {
 		return err
 	}
 	l.term.observed(sent, rec)

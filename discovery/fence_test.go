@@ -206,31 +206,8 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 func TestRunLeaderElectedTermFollowsTheLease(t *testing.T) {
 	kube := startKube(t)
 	b := newBus(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	terms := make(chan *Term, 4)
-	ended := make(chan struct{}, 4)
-	done := make(chan error, 1)
-	go func() {
-		done <- RunLeaderElected(ctx, kube, LeaderConfig{Namespace: "default", LeaseName: "run", Identity: "a",
-			LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 200 * time.Millisecond}, nil,
-			func(lctx context.Context) {
-				terms <- TermOf(lctx)
-				<-lctx.Done()
-				ended <- struct{}{}
-			})
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	var term *Term
-	select {
-	case term = <-terms:
-	case <-time.After(30 * time.Second):
-		t.Fatal("not leading")
-	}
+	ctx := context.Background()
+	term, ended := startLeading(t, kube, LeaderConfig{Namespace: "default", LeaseName: "run", Identity: "a"})
 	leases := kube.CoordinationV1().Leases("default")
 	l, err := leases.Get(ctx, "run", metav1.GetOptions{})
 	if err != nil {
@@ -290,6 +267,45 @@ func TestRunLeaderElectedTermFollowsTheLease(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// startLeading runs RunLeaderElected with cfg (lease 4 s, renew deadline
+// 3 s, retry period 200 ms) until the test ends and returns the first
+// term's once leading, and a channel that receives when a term's context
+// ends.
+func startLeading(t *testing.T, kube kubernetes.Interface, cfg LeaderConfig) (*Term, <-chan struct{}) {
+	t.Helper()
+	cfg.LeaseDuration, cfg.RenewDeadline, cfg.RetryPeriod = 4*time.Second, 3*time.Second, 200*time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	terms := make(chan *Term, 4)
+	ended := make(chan struct{}, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- RunLeaderElected(ctx, kube, cfg, nil, func(lctx context.Context) {
+			select {
+			case terms <- TermOf(lctx):
+			default: // later terms are not the test's
+			}
+			<-lctx.Done()
+			select {
+			case ended <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	select {
+	case term := <-terms:
+		return term, ended
+	case <-time.After(30 * time.Second):
+		t.Fatal("not leading")
+		return nil, nil
+	}
+}
 
 // A publisher whose term is held stamps every instance event and sync job
 // with the term's epoch; once the term's last renew is older than lease −
@@ -360,7 +376,7 @@ func TestPublisherFencedByTerm(t *testing.T) {
 func TestRecreatedLeaseStartsAboveStoredTerms(t *testing.T) {
 	kube := startKube(t)
 	b := newBus(t)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := context.Background()
 	if err := b.EnsureStreams(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -372,25 +388,7 @@ func TestRecreatedLeaseStartsAboveStoredTerms(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	terms := make(chan *Term, 4)
-	done := make(chan error, 1)
-	go func() {
-		done <- RunLeaderElected(ctx, kube, LeaderConfig{Namespace: "default", LeaseName: "again", Identity: "a", Bus: b,
-			LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 200 * time.Millisecond}, nil,
-			func(lctx context.Context) { terms <- TermOf(lctx); <-lctx.Done() })
-	}()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	var term *Term
-	select {
-	case term = <-terms:
-	case <-time.After(30 * time.Second):
-		t.Fatal("not leading")
-	}
+	term, _ := startLeading(t, kube, LeaderConfig{Namespace: "default", LeaseName: "again", Identity: "a", Bus: b})
 	if got := term.Epoch(); got.Term != 7 {
 		t.Fatalf("first term of a created Lease %v, want 7 (stored 6 on it; 40 on another Lease)", got)
 	}
