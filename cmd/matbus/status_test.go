@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net"
@@ -62,23 +61,15 @@ func TestStatus(t *testing.T) {
 	sourcesAddr := ln.Addr().String()
 	ln.Close()
 
-	var dOut, dErr, wOut, wErr bytes.Buffer
-	done := make(chan int, 2)
-	go func() {
-		done <- run(ctx, []string{"discovery", "--nats-url", ns.ClientURL(), "--namespace", "default", "--identity", "disc-1",
-			"--static", strings.Join(static, ","), "--leader-elect=false", "--poll-interval", "200ms", "--sync-interval", "2s",
-			"--probe-max-interval", "1s", "--health-addr", "", "--source-list-addr", sourcesAddr, "--source-list-debounce", "0s",
-			"--log-level", "warn"}, envT(&dOut, &dErr, nil))
-	}()
-	go func() {
-		done <- run(ctx, []string{"worker", "--nats-url", ns.ClientURL(), "--namespace", "default", "--kubeconfig", c.Kubeconfig,
-			"--worker-name", "w1", "--bmc-ip-mode", "external-ip", "--health-addr", "", "--mat-timeout", "2s", "--log-level", "error"}, envT(&wOut, &wErr, nil))
-	}()
-	defer func() {
-		cancel()
-		<-done
-		<-done
-	}()
+	// Discovery and the worker run as processes (in this one they would
+	// share client-go's global klog logger with status).
+	bin := buildMatbus(t)
+	disc := startProc(t, bin, "discovery", nil, "discovery", "--nats-url", ns.ClientURL(), "--namespace", "default", "--identity", "disc-1",
+		"--static", strings.Join(static, ","), "--leader-elect=false", "--poll-interval", "200ms", "--sync-interval", "2s",
+		"--probe-max-interval", "1s", "--health-addr", "", "--source-list-addr", sourcesAddr, "--source-list-debounce", "0s",
+		"--log-level", "warn")
+	work := startProc(t, bin, "worker", nil, "worker", "--nats-url", ns.ClientURL(), "--namespace", "default", "--kubeconfig", c.Kubeconfig,
+		"--worker-name", "w1", "--bmc-ip-mode", "external-ip", "--health-addr", "", "--mat-timeout", "2s", "--log-level", "warn")
 
 	// status is the answer of `status -o json`, nil (and the output) on
 	// exit 1 (before discovery made the streams).
@@ -103,8 +94,8 @@ func TestStatus(t *testing.T) {
 		}
 		return nil
 	}
-	// waitFor polls status until ok holds.
-	waitFor := func(what string, ok func(*operator.Status) bool) *operator.Status {
+	// until polls status until ok holds.
+	until := func(what string, ok func(*operator.Status) bool) *operator.Status {
 		t.Helper()
 		deadline := time.Now().Add(90 * time.Second)
 		for {
@@ -113,7 +104,7 @@ func TestStatus(t *testing.T) {
 				return st
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not reached; last status:\n%s\ndiscovery:\n%s\nworker:\n%s", what, out, dErr.String(), wErr.String())
+				t.Fatalf("%s: not reached; last status:\n%s\ndiscovery:\n%s\nworker:\n%s", what, out, tail(disc.out.String(), 30), tail(work.out.String(), 30))
 			}
 			time.Sleep(300 * time.Millisecond)
 		}
@@ -122,7 +113,7 @@ func TestStatus(t *testing.T) {
 		r := row(st, name)
 		return r != nil && r.State != nil && !r.State.InRotation
 	}
-	waitFor("failing and recovering out of rotation", func(st *operator.Status) bool {
+	until("failing and recovering out of rotation", func(st *operator.Status) bool {
 		return out(st, "failing") && out(st, "recovering")
 	})
 	sims["recovering"].SetFault(matsim.FaultNone)
@@ -130,7 +121,7 @@ func TestStatus(t *testing.T) {
 		r := row(st, name)
 		return r != nil && r.State != nil && r.State.InRotation && r.Services != nil && *r.Services == operator.ServiceCount{BMC: 6, NVOS: 1}
 	}
-	st := waitFor("healthy and recovering in rotation with their Services", func(st *operator.Status) bool {
+	st := until("healthy and recovering in rotation with their Services", func(st *operator.Status) bool {
 		return full(st, "healthy") && full(st, "recovering") && out(st, "failing") && st.Summary.Services == 14
 	})
 
