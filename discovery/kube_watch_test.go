@@ -161,7 +161,7 @@ func TestKubeSourceWithoutWatch(t *testing.T) {
 	})
 	wait(10*time.Second, "the end event", func() (bool, string) {
 		evs := watchEvents()
-		return len(evs) == 2 && strings.HasPrefix(evs[1], "watch services works again after "), fmt.Sprintf("%q", evs)
+		return len(evs) == 2 && strings.HasPrefix(evs[1], "list and watch services work again after "), fmt.Sprintf("%q", evs)
 	})
 	mk("mat-1-bmc-mock")
 	wait(20*time.Second, "the new Service through the watch", func() (bool, string) {

@@ -29,10 +29,11 @@ var verbs = []string{VerbList, VerbWatch}
 
 // Tracker records whether the list and watch calls of one resource
 // succeed. A verb fails from the first failed call until the next call of
-// that verb succeeds; Err names the failing verbs for readiness. The start
-// and the end of each failure are one error event each (kind
-// events.ErrorWatch) through the Reporter, which also logs them; the calls
-// in between are only counted. Safe for concurrent use.
+// that verb succeeds; Err names the failing verbs for readiness. The
+// tracker is failing while any verb fails: the start and the end of that
+// state are one error event each (kind events.ErrorWatch) through the
+// Reporter, which also logs them; the calls in between, of either verb,
+// are only counted. Safe for concurrent use.
 type Tracker struct {
 	resource string
 	report   *events.Reporter
@@ -44,14 +45,10 @@ type Tracker struct {
 	pub sync.Mutex
 
 	mu       sync.Mutex
-	failing  map[string]*failure // verb -> its current failure
-	failures map[string]int64    // verb -> failed calls since New
-}
-
-type failure struct {
-	err   error
-	since time.Time
-	calls int // failed calls since it started
+	failing  map[string]error // verb -> its last error, while it fails
+	failures map[string]int64 // verb -> failed calls since New
+	since    time.Time        // when the failing state began
+	calls    int              // failed calls, of either verb, since then
 }
 
 // New returns a Tracker of resource (e.g. "services", the name used in
@@ -66,7 +63,7 @@ func New(resource string, report *events.Reporter, log *slog.Logger) *Tracker {
 		report = events.NewReporter(nil, log, "", 0)
 	}
 	return &Tracker{resource: resource, report: report, log: log, now: time.Now,
-		failing: map[string]*failure{}, failures: map[string]int64{}}
+		failing: map[string]error{}, failures: map[string]int64{}}
 }
 
 // Resource returns the resource name given to New.
@@ -74,9 +71,9 @@ func (t *Tracker) Resource() string { return t.resource }
 
 // Observe records the outcome of one call of verb (VerbList, VerbWatch):
 // err nil is a success. A call ended by ctx or by a canceled context
-// counts as neither. The first failure of a verb that worked and the first
-// success of a failing verb are reported (see Tracker) before Observe
-// returns; publishing waits at most the Reporter's 5 s.
+// counts as neither. The first failure while no verb failed and the
+// success that leaves no verb failing are reported (see Tracker) before
+// Observe returns; publishing waits at most the Reporter's 5 s.
 func (t *Tracker) Observe(ctx context.Context, verb string, err error) {
 	if err != nil && (ctx.Err() != nil || errors.Is(err, context.Canceled)) {
 		return
@@ -85,26 +82,32 @@ func (t *Tracker) Observe(ctx context.Context, verb string, err error) {
 	defer t.pub.Unlock()
 	now := t.now()
 	t.mu.Lock()
-	f := t.failing[verb]
+	_, was := t.failing[verb]
+	healthy := len(t.failing) == 0
 	switch {
 	case err != nil:
 		t.failures[verb]++
-		if f != nil {
-			f.calls++
-			f.err = err
+		t.failing[verb] = err
+		t.calls++
+		if !healthy {
 			t.mu.Unlock()
 			return
 		}
-		t.failing[verb] = &failure{err: err, since: now, calls: 1}
+		t.since, t.calls = now, 1
 		t.mu.Unlock()
 		t.report.Report(ctx, events.Error{Kind: events.ErrorWatch,
-			Message: fmt.Sprintf("%s %s: %v; not ready until it works again", verb, t.resource, err), Attempts: 1})
-	case f != nil:
+			Message: fmt.Sprintf("%s %s: %v; not ready until list and watch work again", verb, t.resource, err), Attempts: 1})
+	case was:
 		delete(t.failing, verb)
+		if len(t.failing) > 0 {
+			t.mu.Unlock()
+			return
+		}
+		since, calls := t.since, t.calls
 		t.mu.Unlock()
 		t.report.Report(ctx, events.Error{Kind: events.ErrorWatch,
-			Message: fmt.Sprintf("%s %s works again after %v and %d failed calls", verb, t.resource,
-				now.Sub(f.since).Round(time.Millisecond), f.calls), Attempts: f.calls})
+			Message: fmt.Sprintf("list and watch %s work again after %v and %d failed calls", t.resource,
+				now.Sub(since).Round(time.Millisecond), calls), Attempts: calls})
 	default:
 		t.mu.Unlock()
 	}
@@ -117,8 +120,8 @@ func (t *Tracker) Err() error {
 	defer t.mu.Unlock()
 	var errs []error
 	for _, v := range verbs {
-		if f := t.failing[v]; f != nil {
-			errs = append(errs, fmt.Errorf("%s %s: %w", v, t.resource, f.err))
+		if err, ok := t.failing[v]; ok {
+			errs = append(errs, fmt.Errorf("%s %s: %w", v, t.resource, err))
 		}
 	}
 	switch len(errs) {
@@ -149,7 +152,7 @@ func (t *Tracker) Failing() []string {
 	defer t.mu.Unlock()
 	var out []string
 	for _, v := range verbs {
-		if t.failing[v] != nil {
+		if _, ok := t.failing[v]; ok {
 			out = append(out, v)
 		}
 	}
@@ -251,7 +254,7 @@ func (t *Tracker) RecheckList(ctx context.Context, every time.Duration, list fun
 		case <-tick.C:
 		}
 		t.mu.Lock()
-		failing := t.failing[VerbList] != nil
+		_, failing := t.failing[VerbList]
 		t.mu.Unlock()
 		if failing {
 			t.Observe(ctx, VerbList, list(ctx))

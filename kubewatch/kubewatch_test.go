@@ -78,8 +78,9 @@ func forbidden(verb string) error {
 
 // TestTrackerReportsStartAndEndOnce: a verb that keeps failing is one
 // event, one reason in Err and one metric state, however many calls fail;
-// the first success is one more event and clears Err; a canceled call
-// counts as nothing.
+// a second verb failing meanwhile adds its reason but no event; once no
+// verb fails, one more event, and Err is nil; a canceled call counts as
+// nothing.
 func TestTrackerReportsStartAndEndOnce(t *testing.T) {
 	nc := testenv.NATS(t)
 	log := slog.New(slog.DiscardHandler)
@@ -141,13 +142,18 @@ func TestTrackerReportsStartAndEndOnce(t *testing.T) {
 		t.Errorf("start event = %+v", start)
 	}
 
-	// A second verb fails too: its own event, both in Err, list first.
+	// A second verb fails too: no event, both in Err, list first.
 	tr.Observe(ctx, kubewatch.VerbList, forbidden("list"))
-	seen.wait(t, 2)
 	if err := tr.Err(); err == nil || !strings.HasPrefix(err.Error(), "list services: ") || !strings.Contains(err.Error(), "; watch services: ") {
 		t.Errorf("Err with both failing = %v", err)
 	}
 	tr.Observe(ctx, kubewatch.VerbList, nil)
+	if err := tr.Err(); err == nil || !strings.HasPrefix(err.Error(), "watch services: ") {
+		t.Errorf("Err after list works again, watch not = %v", err)
+	}
+	if healthy() != 0 {
+		t.Errorf("matbus_informer_healthy = %v while watch fails, want 0", healthy())
+	}
 
 	tr.Observe(ctx, kubewatch.VerbWatch, nil)
 	tr.Observe(ctx, kubewatch.VerbWatch, nil)
@@ -157,15 +163,10 @@ func TestTrackerReportsStartAndEndOnce(t *testing.T) {
 	if healthy() != 1 {
 		t.Errorf("matbus_informer_healthy = %v after recovery, want 1", healthy())
 	}
-	evs := seen.wait(t, 4)
-	var watchEnd *events.Error
-	for i := range evs[2:] {
-		if strings.HasPrefix(evs[2+i].Message, "watch services works again") {
-			watchEnd = &evs[2+i]
-		}
-	}
-	if watchEnd == nil || watchEnd.Attempts != 5 || !strings.Contains(watchEnd.Message, "5 failed calls") {
-		t.Errorf("end events = %+v, want one saying watch works again after 5 failed calls", evs[2:])
+	end := seen.wait(t, 2)[1]
+	if end.Kind != events.ErrorWatch || end.Attempts != 6 || !strings.HasPrefix(end.Message, "list and watch services work again after ") ||
+		!strings.Contains(end.Message, "6 failed calls") {
+		t.Errorf("end event = %+v, want list and watch work again after 6 failed calls", end)
 	}
 	if got := failuresOf(t, reg, "watch"); got != 5 {
 		t.Errorf("matbus_informer_failures_total{verb=watch} = %v, want 5", got)

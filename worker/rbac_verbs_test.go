@@ -105,7 +105,7 @@ func (e *env) expectWatchRecovery(w *testWorker, verb string) {
 	})
 	waitFor(e.t, "the end event", func() (bool, string) {
 		evs := e.watchEvents()
-		return len(evs) == 2 && strings.HasPrefix(evs[1], verb+" services works again after "), fmt.Sprintf("watch events %q", evs)
+		return len(evs) == 2 && strings.HasPrefix(evs[1], "list and watch services work again after "), fmt.Sprintf("watch events %q", evs)
 	})
 	if n := strings.Count(e.logs.String(), "kind=watch"); n != 2 {
 		e.t.Errorf("%d log lines of kind watch, want two (start and end)", n)
