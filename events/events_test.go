@@ -170,6 +170,11 @@ func FuzzDecode(f *testing.F) {
 		}
 		f.Add(b)
 	}
+	withEpoch, err := EncodeEpoch(TypeSyncJob, "id", "fuzz", now, &Epoch{Lease: "ns/l", Term: 3, Leader: "d"}, SyncJob{Key: "ns.a", Reason: ReasonPoll})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(withEpoch)
 	f.Add([]byte(`{"schema":99}`))
 	f.Add([]byte(`{"schema":1,"type":"io.matbus.job.sync","id":"x","data":null}`))
 	f.Add([]byte("\x00\xff garbage"))
@@ -192,6 +197,9 @@ func FuzzDecode(f *testing.F) {
 		}
 		if env.Schema != SchemaVersion || env.ID == "" || env.Type == "" {
 			t.Fatalf("Decode accepted an invalid envelope: %+v", env)
+		}
+		if e := env.Epoch; e != nil && (e.Lease == "" || e.Leader == "" || e.Term < 0) {
+			t.Fatalf("Decode accepted an invalid epoch: %+v", *e)
 		}
 		var errs []error
 		_, e1 := Into[Instance](env, TypeInstanceAppeared, TypeInstanceGone)
