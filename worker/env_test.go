@@ -318,10 +318,15 @@ func (e *env) startDiscovery(entries ...discovery.StaticEntry) *discovery.Static
 // `matbus discovery` does while leading.
 func (e *env) startPublisher(src discovery.Source) {
 	e.t.Helper()
+	e.startPublisherWith(src, discovery.PublisherConfig{SyncInterval: syncInterval})
+}
+
+// startPublisherWith runs a Publisher of src with cfg.
+func (e *env) startPublisherWith(src discovery.Source, cfg discovery.PublisherConfig) {
+	e.t.Helper()
 	nc, bus := e.connect("discovery")
 	log := e.log.With("part", "discovery")
-	pub := discovery.NewPublisher(bus, src, discovery.PublisherConfig{SyncInterval: syncInterval},
-		events.NewReporter(bus, log, "discovery", 0), log)
+	pub := discovery.NewPublisher(bus, src, cfg, events.NewReporter(bus, log, "discovery", 0), log)
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- pub.Run(ctx) }()

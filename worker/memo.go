@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"maps"
 	"sync"
 	"time"
 
@@ -19,11 +20,20 @@ import (
 // person) touched the instance's Services since. Any doubt (no entry, a
 // failed write, a Service event) makes the next poll plan again, and every
 // full resync plans regardless. It is safe for concurrent use.
+//
+// A Service that an instance's plan wants but another instance holds (the
+// same name, or in cluster-ip mode the same cluster IP) changes the
+// waiting instance's count too when it is deleted, by anyone: the memo
+// indexes, per instance, the names and IPs its last plan wanted without
+// holding them (see waitFor), so the waiting instance's next poll plans and
+// creates the Service.
 type memo struct {
 	mu      sync.Mutex
 	entries map[string]memoEntry // instance key -> entry
 	changes map[string]uint64    // instance label value -> Service events seen
 	adopt   uint64               // events of Services without an instance label (adoption candidates)
+	// Instance label values waiting for a Service name or a cluster IP.
+	byName, byIP map[string]map[string]struct{}
 }
 
 type memoEntry struct {
@@ -32,10 +42,13 @@ type memoEntry struct {
 	owner       *metav1.OwnerReference
 	ownerName   string
 	ownerAt     time.Time
+	// waitNames and waitIPs are the instance's keys in byName and byIP.
+	waitNames, waitIPs []string
 }
 
 func newMemo() *memo {
-	return &memo{entries: map[string]memoEntry{}, changes: map[string]uint64{}}
+	return &memo{entries: map[string]memoEntry{}, changes: map[string]uint64{},
+		byName: map[string]map[string]struct{}{}, byIP: map[string]map[string]struct{}{}}
 }
 
 // handler counts informer events per instance label.
@@ -59,8 +72,106 @@ func (m *memo) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
 		AddFunc:    bump,
 		UpdateFunc: func(_, n any) { bump(n) },
-		DeleteFunc: bump,
+		DeleteFunc: func(obj any) {
+			bump(obj)
+			m.freed(obj)
+		},
 	}
+}
+
+// freed counts the delete of a Service as a change of every instance
+// waiting for its name or one of its cluster IPs.
+func (m *memo) freed(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	s, ok := obj.(*corev1.Service)
+	if !ok {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	waiting := maps.Clone(m.byName[s.Name])
+	for _, ip := range serviceIPs(s) {
+		if waiting == nil {
+			waiting = map[string]struct{}{}
+		}
+		maps.Copy(waiting, m.byIP[ip])
+	}
+	for v := range waiting {
+		if v != s.Labels[plan.LabelInstance] { // counted by bump already
+			m.changes[v]++
+		}
+	}
+}
+
+// changed counts a change of instance key's Services.
+func (m *memo) changed(key string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.changes[plan.LabelValue(key)]++
+}
+
+// waitFor records that instance key wants svcs (their names and, where
+// set, spec.clusterIP) and may not hold them, replacing what it waited for
+// before: the delete of any Service with one of those names or IPs is a
+// change of key's Services. It costs one map insert per name and IP;
+// nothing else is recorded, so a plan that got everything it wanted passes
+// no Services.
+func (m *memo) waitFor(key string, svcs []*corev1.Service) {
+	v := plan.LabelValue(key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[key]
+	m.unwaitLocked(v, e)
+	e.waitNames, e.waitIPs = nil, nil
+	for _, s := range svcs {
+		e.waitNames = append(e.waitNames, s.Name)
+		addWaiter(m.byName, s.Name, v)
+		if ip := s.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
+			e.waitIPs = append(e.waitIPs, ip)
+			addWaiter(m.byIP, ip, v)
+		}
+	}
+	m.entries[key] = e
+}
+
+func (m *memo) unwaitLocked(v string, e memoEntry) {
+	for _, n := range e.waitNames {
+		removeWaiter(m.byName, n, v)
+	}
+	for _, ip := range e.waitIPs {
+		removeWaiter(m.byIP, ip, v)
+	}
+}
+
+func addWaiter(idx map[string]map[string]struct{}, k, v string) {
+	set := idx[k]
+	if set == nil {
+		set = map[string]struct{}{}
+		idx[k] = set
+	}
+	set[v] = struct{}{}
+}
+
+func removeWaiter(idx map[string]map[string]struct{}, k, v string) {
+	if set := idx[k]; set != nil {
+		delete(set, v)
+		if len(set) == 0 {
+			delete(idx, k)
+		}
+	}
+}
+
+// serviceIPs returns the cluster IPs of s (spec.clusterIPs, else spec.clusterIP).
+func serviceIPs(s *corev1.Service) []string {
+	if len(s.Spec.ClusterIPs) > 0 {
+		return s.Spec.ClusterIPs
+	}
+	if s.Spec.ClusterIP != "" {
+		return []string{s.Spec.ClusterIP}
+	}
+	return nil
 }
 
 // changeCount returns the number of Service events seen for instance key
@@ -130,9 +241,11 @@ func (m *memo) setOwner(key, name string, ref *metav1.OwnerReference) {
 	m.entries[key] = e
 }
 
-// forget drops everything about key (the instance is gone).
+// forget drops everything about key (the instance is gone), including
+// what it waited for.
 func (m *memo) forget(key string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.unwaitLocked(plan.LabelValue(key), m.entries[key])
 	delete(m.entries, key)
 }

@@ -209,7 +209,9 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	p := plan.Diff(desired, existing, w.cfg.Plan)
 	w.reportSkipped(ctx, key, p)
 	w.reportForeignRecreates(ctx, key, p)
+	w.waitForUnmet(key, desired.Services, p)
 	err = w.apply(ctx, log, key, p, fetchedAt, fpTag(fp))
+	w.memo.waitFor(key, unmet(desired.Services, p, err == nil))
 	if len(p.Create)+len(p.Recreate) > 0 && ctx.Err() == nil {
 		w.afterGone(ctx, key, rec.Seq, jobID)
 	}
@@ -222,8 +224,9 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 		return events.SyncResult{}, context.Canceled
 	case errors.As(err, &je) && !je.Retry:
 		// Permanent refusals were reported per Service; retrying them on
-		// every poll only loads the API server: the next full resync (or
-		// a change) tries again.
+		// every poll only loads the API server: the next full resync, or
+		// a change (such as the delete of the Service that holds a wanted
+		// name or IP), tries again.
 		w.memo.completed(key, fp, changes)
 		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Error: err.Error()}, nil
 	default:
@@ -232,9 +235,48 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	}
 }
 
-// afterGone cleans up instance key again when its record changed to gone
-// since the sync read it at sequence seq: the clean-up job's list may have
-// run before this sync's creates.
+// waitForUnmet records in the memo, before p is applied, the Services of p
+// that another Service may hold (see unmet): from now on, the delete of a
+// holder is a change of key's Services. A holder that p skipped and that
+// is gone from the informer cache already (deleted since existing was
+// read) is such a change too.
+func (w *Worker) waitForUnmet(key string, desired []*corev1.Service, p plan.Plan) {
+	w.memo.waitFor(key, unmet(desired, p, false))
+	lister := w.services.Services(w.cfg.Plan.Namespace)
+	for _, s := range p.Skipped {
+		if _, err := lister.Get(s.Name); apierrors.IsNotFound(err) {
+			w.memo.changed(key)
+			return
+		}
+	}
+}
+
+// unmet returns the desired Services that plan p may have left to another
+// holder: those it skipped (the name is another's), and, unless p was
+// applied without error, every create and recreate too (a write refused
+// because another Service holds the name or the IP).
+func unmet(desired []*corev1.Service, p plan.Plan, applied bool) []*corev1.Service {
+	names := make(map[string]bool, len(p.Skipped))
+	for _, s := range p.Skipped {
+		names[s.Name] = true
+	}
+	if !applied {
+		for _, s := range p.Create {
+			names[s.Name] = true
+		}
+		for _, u := range p.Recreate {
+			names[u.New.Name] = true
+		}
+	}
+	var out []*corev1.Service
+	for _, d := range desired {
+		if names[d.Name] {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // fpTag is a short form of a status fingerprint for delete job ids ("" for none).
 func fpTag(fp string) string {
 	_, hexsum, _ := strings.Cut(fp, ":")
@@ -274,6 +316,9 @@ func (w *Worker) freshDeletes(svcs []*corev1.Service, tag string) []*corev1.Serv
 	return out
 }
 
+// afterGone cleans up instance key again when its record changed to gone
+// since the sync read it at sequence seq: the clean-up job's list may have
+// run before this sync's creates.
 func (w *Worker) afterGone(ctx context.Context, key string, seq uint64, jobID string) {
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	// No record is a lost stream, not a gone instance: nothing is deleted.
