@@ -292,15 +292,8 @@ func sourceNames(ctx context.Context, c *http.Client, base string) (map[string]b
 	return out, nil
 }
 
-// WriteStatusJSON writes st as one indented JSON document.
-func WriteStatusJSON(w io.Writer, st *Status) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(st); err != nil {
-		return fmt.Errorf("operator: write status: %w", err)
-	}
-	return nil
-}
+// WriteStatusJSON writes st as one indented JSON document. Errors: w's.
+func WriteStatusJSON(w io.Writer, st *Status) error { return writeJSON(w, st, "status") }
 
 // WriteStatusText writes st as a table, one row per instance (INSTANCE,
 // URL, ROTATION with the poll or probe interval, LAST SYNC age, SERVICES

@@ -8,11 +8,14 @@ import (
 )
 
 // WriteJSON writes r as one indented JSON document. Errors: w's.
-func WriteJSON(w io.Writer, r *Report) error {
+func WriteJSON(w io.Writer, r *Report) error { return writeJSON(w, r, "plan") }
+
+// writeJSON writes v as one indented JSON document; what names it in the error.
+func writeJSON(w io.Writer, v any, what string) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(r); err != nil {
-		return fmt.Errorf("operator: write plan JSON: %w", err)
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("operator: write %s JSON: %w", what, err)
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"time"
 
@@ -10,6 +11,19 @@ import (
 	"github.com/matbus/matbus/operator"
 	"github.com/matbus/matbus/plan"
 )
+
+// outputFlag registers --output and its shorthand -o (text or json, into
+// output) and returns their check.
+func outputFlag(fs *flag.FlagSet, output *string) func() error {
+	fs.StringVar(output, "output", "text", "output format: text or json")
+	fs.StringVar(output, "o", "text", "shorthand for --output")
+	return func() error {
+		if *output != "text" && *output != "json" {
+			return fmt.Errorf("%w: --output %q: want text or json", errUsage, *output)
+		}
+		return nil
+	}
+}
 
 // runPlan is `matbus plan`: the takeover dry run of package operator,
 // wired to the worker's and discovery's flags. Exit 0: no change; 2:
@@ -34,14 +48,7 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	w.register(fs)
 	d.register(fs)
 	durationVar(fs, &timeout, "timeout", time.Minute, "how long discovery, the fetches and the Service list together may take")
-	fs.StringVar(&output, "output", "text", "output format: text or json")
-	fs.StringVar(&output, "o", "text", "shorthand for --output")
-	validOutput := func() error {
-		if output != "text" && output != "json" {
-			return fmt.Errorf("%w: --output %q: want text or json", errUsage, output)
-		}
-		return nil
-	}
+	validOutput := outputFlag(fs, &output)
 	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, d.validate, validOutput); err != nil {
 		return err
 	}

@@ -35,14 +35,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&sourcesURL, "sources-url", "", "base URL of a discovery replica's sources API (its --source-list-addr, e.g. http://127.0.0.1:8090) for the PUBLISHED column; empty leaves it unknown")
 	durationVar(fs, &since, "errors-since", time.Hour, "how far back the error stream is read for each instance's last error")
 	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all reads together may take")
-	fs.StringVar(&output, "output", "text", "output format: text or json")
-	fs.StringVar(&output, "o", "text", "shorthand for --output")
-	validOutput := func() error {
-		if output != "text" && output != "json" {
-			return fmt.Errorf("%w: --output %q: want text or json", errUsage, output)
-		}
-		return nil
-	}
+	validOutput := outputFlag(fs, &output)
 	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, validOutput); err != nil {
 		return err
 	}
