@@ -18,7 +18,7 @@ func TestWriteStatusText(t *testing.T) {
 	no := false
 	st := &Status{Time: now, Namespace: "ns", Rows: []StatusRow{
 		{Instance: "ns.a", URL: "https://a:1266", Published: &no,
-			State: &events.InstanceState{Key: "ns.a", InRotation: false, PollIntervalMS: 1000, ProbeIntervalMS: 8000, FailedFetches: 6},
+			State:     &events.InstanceState{Key: "ns.a", InRotation: false, PollIntervalMS: 1000, ProbeIntervalMS: 8000, FailedFetches: 6},
 			LastError: &ErrorSummary{Kind: events.ErrorFetch, Time: now.Add(-90 * time.Second)}},
 		{Instance: "ns.b", URL: "https://b:1266"},
 	}, Summary: Summary{Instances: 2, Services: -1,
