@@ -995,10 +995,7 @@ func TestTwoWorkersConverge(t *testing.T) {
 // deleted or re-created, and the events stay few.
 func TestDuplicateBMCIPAcrossInstances(t *testing.T) {
 	e := newEnv(t)
-	fleetA := generatedFleet(t, "10.96.92.0/24", 3)
-	fleetB := generatedFleet(t, "10.96.93.0/24", 4)
-	shared := fleetA.Machines[0].BMC.IP
-	fleetB.Machines[0].BMC.IP = shared
+	fleetA, fleetB, shared := sharedIPFleets(t, "10.96.92.0/24", "10.96.93.0/24", 3)
 	simA := e.startSim(matsim.Options{Fleet: fleetA})
 	simB := e.startSim(matsim.Options{Fleet: fleetB})
 	src := e.startDiscovery(e.entry("mat-a", simA.URL()))
@@ -1010,14 +1007,7 @@ func TestDuplicateBMCIPAcrossInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	loser := plan.ServiceName(plan.MachineTypeHost, fleetB.Machines[0].MatID)
-	waitFor(t, "a permanent create event for the duplicate", func() (bool, string) {
-		for _, ev := range e.errs.Of(errKind("create")) {
-			if ev.Service == e.ns+"/"+loser && ev.Permanent && hasAll(ev.Message, shared, "allocated") {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("create events: %+v", e.errs.Of(errKind("create")))
-	})
+	e.waitAllocationRefused(loser, shared)
 	wantNames := append(slices.Clone(namesA), slices.DeleteFunc(slices.Clone(namesB), func(n string) bool { return n == loser })...)
 	e.waitServices(wantNames...)
 	reqs := simB.Requests()

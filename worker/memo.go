@@ -54,10 +54,7 @@ func newMemo() *memo {
 // handler counts informer events per instance label.
 func (m *memo) handler() cache.ResourceEventHandler {
 	bump := func(obj any) {
-		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-			obj = t.Obj
-		}
-		s, ok := obj.(*corev1.Service)
+		s, ok := serviceOf(obj)
 		if !ok {
 			return
 		}
@@ -82,10 +79,7 @@ func (m *memo) handler() cache.ResourceEventHandler {
 // freed counts the delete of a Service as a change of every instance
 // waiting for its name or one of its cluster IPs.
 func (m *memo) freed(obj any) {
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	s, ok := obj.(*corev1.Service)
+	s, ok := serviceOf(obj)
 	if !ok {
 		return
 	}
@@ -161,6 +155,16 @@ func removeWaiter(idx map[string]map[string]struct{}, k, v string) {
 			delete(idx, k)
 		}
 	}
+}
+
+// serviceOf returns the Service of an informer event's object (also of a
+// delete seen late, cache.DeletedFinalStateUnknown).
+func serviceOf(obj any) (*corev1.Service, bool) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	s, ok := obj.(*corev1.Service)
+	return s, ok
 }
 
 // serviceIPs returns the cluster IPs of s (spec.clusterIPs, else spec.clusterIP).

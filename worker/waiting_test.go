@@ -100,10 +100,7 @@ func TestHolderGoneServicesComeBack(t *testing.T) {
 // cost no API request.
 func TestIPHolderGoneServiceComes(t *testing.T) {
 	e := newEnv(t)
-	fa := generatedFleet(t, "10.101.1.0/24", 22)
-	fb := generatedFleet(t, "10.101.2.0/24", 23)
-	shared := fa.Machines[0].BMC.IP
-	fb.Machines[0].BMC.IP = shared
+	fa, fb, shared := sharedIPFleets(t, "10.101.1.0/24", "10.101.2.0/24", 22)
 	sa, sb := e.startSim(matsim.Options{Fleet: fa}), e.startSim(matsim.Options{Fleet: fb})
 	a, b := e.entry("mat-a", sa.URL()), e.entry("mat-b", sb.URL())
 	src := e.startPolling(a)
@@ -114,14 +111,7 @@ func TestIPHolderGoneServiceComes(t *testing.T) {
 		t.Fatal(err)
 	}
 	loser := plan.ServiceName(plan.MachineTypeHost, fb.Machines[0].MatID)
-	waitFor(t, "a permanent create event for the shared IP", func() (bool, string) {
-		for _, ev := range e.errs.Of(errKind("create")) {
-			if ev.Service == e.ns+"/"+loser && ev.Permanent && hasAll(ev.Message, shared, "allocated") {
-				return true, ""
-			}
-		}
-		return false, fmt.Sprintf("create events: %+v", e.errs.Of(errKind("create")))
-	})
+	e.waitAllocationRefused(loser, shared)
 	// The refusal is not tried again while nothing changes.
 	e.steady(w, sb)
 	if e.service(loser) != nil {
@@ -135,6 +125,30 @@ func TestIPHolderGoneServiceComes(t *testing.T) {
 	if s := e.service(loser); s == nil || s.Spec.ClusterIP != shared {
 		t.Errorf("%s does not hold %s: %+v", loser, shared, s)
 	}
+}
+
+// sharedIPFleets returns two generated fleets (BMC IPs from subnets a and
+// b, seeds seed and seed+1) whose first machines report the same BMC IP,
+// and that IP.
+func sharedIPFleets(t *testing.T, a, b string, seed int64) (*matsim.Fleet, *matsim.Fleet, string) {
+	t.Helper()
+	fa, fb := generatedFleet(t, a, seed), generatedFleet(t, b, seed+1)
+	fb.Machines[0].BMC.IP = fa.Machines[0].BMC.IP
+	return fa, fb, fa.Machines[0].BMC.IP
+}
+
+// waitAllocationRefused waits for a permanent create event of Service name
+// saying that ip is already allocated.
+func (e *env) waitAllocationRefused(name, ip string) {
+	e.t.Helper()
+	waitFor(e.t, "a permanent create event for "+name, func() (bool, string) {
+		for _, ev := range e.errs.Of(errKind("create")) {
+			if ev.Service == e.ns+"/"+name && ev.Permanent && hasAll(ev.Message, ip, "allocated") {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("create events: %+v", e.errs.Of(errKind("create")))
+	})
 }
 
 // holders maps the names of the namespace's Services to their instance
