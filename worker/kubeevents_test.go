@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/matbus/matbus/kubeevents"
+	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
@@ -143,5 +145,50 @@ func TestNoKubeEventsWhenOff(t *testing.T) {
 	}
 	if len(l.Items) != 0 {
 		t.Errorf("%d Event objects with Kubernetes Events off: %+v", len(l.Items), l.Items[0])
+	}
+}
+
+// TestKubeEventsOnFindingsAndAdoption: a status with an invalid device and
+// two devices reporting one BMC IP gives the MAT Service an InvalidDevices
+// and a DuplicateBMCIP Warning naming them; the old controller's Service of
+// the winning device gets an Adopted Event on its own UID.
+func TestKubeEventsOnFindingsAndAdoption(t *testing.T) {
+	e := newEnv(t)
+	body := statusBody(1, device("dev-a", "10.96.143.1"), device("dev-b", "10.96.143.1"), device("", "10.96.143.4"))
+	st, err := matclient.Decode(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desired := plan.Build(plan.Instance{Key: e.key("mat-a")}, st, plan.Options{Namespace: e.ns, IPMode: plan.IPModeClusterIP})
+	if len(desired.Services) != 1 {
+		t.Fatalf("want one desired Service (dev-a), got %d", len(desired.Services))
+	}
+	oldSvc := desired.Services[0].DeepCopy()
+	delete(oldSvc.Labels, plan.LabelInstance)
+	oldSvc, err = e.kube.CoreV1().Services(e.ns).Create(e.ctx, oldSvc, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.matAPIService("mat-a")
+	srv := newBodyServer(t, body)
+	rec := e.kubeEvents()
+	e.startWorker(workerOpts{Tweak: func(c *worker.Config) { c.Events = rec }})
+	e.startDiscovery(e.entry("mat-a", srv.srv.URL))
+
+	var inv, dup, adopted *eventsv1.Event
+	waitFor(t, "InvalidDevices, DuplicateBMCIP and Adopted Events", func() (bool, string) {
+		evs := e.eventsRegarding("mat-a")
+		inv, dup = withReason(evs, kubeevents.InvalidDevices), withReason(evs, kubeevents.DuplicateBMCIP)
+		adopted = withReason(e.eventsRegarding(oldSvc.Name), kubeevents.Adopted)
+		return inv != nil && dup != nil && adopted != nil, fmt.Sprintf("invalid %v, duplicate %v, adopted %v", inv != nil, dup != nil, adopted != nil)
+	})
+	if !strings.Contains(inv.Note, "1 invalid devices") || !strings.Contains(inv.Note, "machines[2]") || !strings.Contains(inv.Note, "no Service of this instance is deleted") {
+		t.Errorf("InvalidDevices note %q: want the count, the device's path and the held deletes", inv.Note)
+	}
+	if !strings.Contains(dup.Note, "dev-a") || inv.Type != corev1.EventTypeWarning || dup.Type != corev1.EventTypeWarning {
+		t.Errorf("DuplicateBMCIP %s %q: want a Warning naming the winning mat_id", dup.Type, dup.Note)
+	}
+	if adopted.Regarding.UID != oldSvc.UID || adopted.Type != corev1.EventTypeNormal || !strings.Contains(adopted.Note, e.key("mat-a")) {
+		t.Errorf("Adopted on uid %s (%s) %q, want Normal on the old Service's uid %s naming the instance", adopted.Regarding.UID, adopted.Type, adopted.Note, oldSvc.UID)
 	}
 }
