@@ -135,8 +135,9 @@ func TestCheck(t *testing.T) {
 }
 
 // TestCheckRBAC: as a user that may only read Services, `matbus check`
-// names every call the worker cannot make, and does not take the refused
-// dry-run create for an admission refusal.
+// names every call the worker cannot make (and the Kubernetes Events'
+// create and patch, unless --kube-events=false), and does not take the
+// refused dry-run create for an admission refusal.
 func TestCheckRBAC(t *testing.T) {
 	c := checkCluster(t)
 	ns, err := natsserver.Start(natsserver.Options{})
@@ -192,6 +193,16 @@ func TestCheckRBAC(t *testing.T) {
 	}
 	if got, line := checkRowResult(out, "RBAC worker"); got == "FAIL" && strings.Contains(line, "list services") {
 		t.Errorf("a granted verb reported denied: %s", line)
+	}
+
+	// Without Kubernetes Events their RBAC is not checked.
+	code, out, errOut = runArgs(t, nil, "check", "--kubeconfig", path, "--nats-url", ns.ClientURL(), "--namespace", "default",
+		"--static", "mat-a=http://127.0.0.1:1", "--leader-elect=true", "--kube-events=false", "--log-level", "error", "--timeout", "1m")
+	if got, line := checkRowResult(out, "RBAC Kubernetes Events"); code != 1 || got != "" {
+		t.Errorf("--kube-events=false: exit %d, row %q, want no such row\n%s%s", code, line, out, errOut)
+	}
+	if got, _ := checkRowResult(out, "RBAC worker"); got != "FAIL" {
+		t.Errorf("--kube-events=false: RBAC worker %q, want FAIL\n%s", got, out)
 	}
 }
 
