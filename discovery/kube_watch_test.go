@@ -163,6 +163,7 @@ func TestKubeSourceWithoutWatch(t *testing.T) {
 		evs := watchEvents()
 		return len(evs) == 2 && strings.HasPrefix(evs[1], "list and watch services work again after "), fmt.Sprintf("%q", evs)
 	})
+	t.Logf("measured: %s (counting from the first refused call)", watchEvents()[1])
 	mk("mat-1-bmc-mock")
 	wait(20*time.Second, "the new Service through the watch", func() (bool, string) {
 		insts, _ := src.Instances()

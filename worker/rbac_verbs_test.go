@@ -110,6 +110,7 @@ func (e *env) expectWatchRecovery(w *testWorker, verb string) {
 	if n := strings.Count(e.logs.String(), "kind=watch"); n != 2 {
 		e.t.Errorf("%d log lines of kind watch, want two (start and end)", n)
 	}
+	e.t.Logf("measured: %s (counting from the first refused call)", e.watchEvents()[1])
 	if n := w.WatchHealth().Failures()[verb]; n < 1 {
 		e.t.Errorf("failed %s calls counted: %d", verb, n)
 	}
