@@ -1,5 +1,6 @@
 // Command matbus is the one binary of matbus. Its subcommands start the
 // parts of the pipeline: `discovery` (publisher), `worker`, `dev` (the whole
 // pipeline in one process on embedded defaults), `errors` (tail error
-// events) and `matsim` (a MAT simulator). It holds wiring, not business logic.
+// events) and `matsim` (a MAT simulator); `check`, `plan` and `status` are
+// the operator tools of package operator. It holds wiring, not business logic.
 package main
