@@ -115,35 +115,20 @@ func TestKubeSourceWithoutWatch(t *testing.T) {
 		}
 		return src
 	}
-	wait := func(d time.Duration, what string, cond func() (bool, string)) {
-		t.Helper()
-		deadline := time.Now().Add(d)
-		for {
-			ok, state := cond()
-			if ok {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out after %v waiting for %s; last state: %s", d, what, state)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-
 	src := start()
-	wait(20*time.Second, "synced by listing, watch refused", func() (bool, string) {
+	testenv.Wait(t, 20*time.Second, "synced by listing, watch refused", func() (bool, string) {
 		insts, synced := src.Instances()
 		err := src.WatchHealth().Err()
 		return synced && len(insts) == 1 && err != nil && strings.HasPrefix(err.Error(), "watch services: ") &&
 			strings.Contains(err.Error(), `cannot watch resource "services"`), fmt.Sprintf("synced %v, %d instances, health %v", synced, len(insts), err)
 	})
-	wait(10*time.Second, "one watch event", func() (bool, string) {
+	testenv.Wait(t, 10*time.Second, "one watch event", func() (bool, string) {
 		evs := watchEvents()
 		return len(evs) == 1 && strings.Contains(evs[0], `cannot watch resource "services"`), fmt.Sprintf("%q", evs)
 	})
 	// client-go retries (a list and a refused watch each time) after 0.8 s,
 	// 1.6 s, …: more failures, no more events or log lines.
-	wait(20*time.Second, "client-go to retry the watch", func() (bool, string) {
+	testenv.Wait(t, 20*time.Second, "client-go to retry the watch", func() (bool, string) {
 		n := src.WatchHealth().Failures()["watch"]
 		return n >= 3, fmt.Sprintf("%d refused watches", n)
 	})
@@ -155,17 +140,17 @@ func TestKubeSourceWithoutWatch(t *testing.T) {
 	}
 
 	setVerbs("get", "list", "watch")
-	wait(90*time.Second, "the watch to work again", func() (bool, string) {
+	testenv.Wait(t, 90*time.Second, "the watch to work again", func() (bool, string) {
 		err := src.WatchHealth().Err()
 		return err == nil, fmt.Sprintf("health %v", err)
 	})
-	wait(10*time.Second, "the end event", func() (bool, string) {
+	testenv.Wait(t, 10*time.Second, "the end event", func() (bool, string) {
 		evs := watchEvents()
 		return len(evs) == 2 && strings.HasPrefix(evs[1], "list and watch services work again after "), fmt.Sprintf("%q", evs)
 	})
 	t.Logf("measured: %s (counting from the first refused call)", watchEvents()[1])
 	mk("mat-1-bmc-mock")
-	wait(20*time.Second, "the new Service through the watch", func() (bool, string) {
+	testenv.Wait(t, 20*time.Second, "the new Service through the watch", func() (bool, string) {
 		insts, _ := src.Instances()
 		return len(insts) == 2, fmt.Sprintf("%d instances", len(insts))
 	})
@@ -175,7 +160,7 @@ func TestKubeSourceWithoutWatch(t *testing.T) {
 	// server supports it, as this one does; only a plain list would fail.
 	setVerbs("get", "watch")
 	src2 := start()
-	wait(20*time.Second, "synced through the watch alone", func() (bool, string) {
+	testenv.Wait(t, 20*time.Second, "synced through the watch alone", func() (bool, string) {
 		insts, synced := src2.Instances()
 		return synced && len(insts) == 2, fmt.Sprintf("synced %v, %d instances", synced, len(insts))
 	})

@@ -591,23 +591,7 @@ type syncBuffer = testenv.Buffer
 // with cond's last description of the state.
 func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
-	waitWithin(t, waitTimeout, what, cond)
-}
-
-// waitWithin is waitFor with the timeout d.
-func waitWithin(t *testing.T, d time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s; last state: %s", d, what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testenv.Wait(t, waitTimeout, what, cond)
 }
 
 // services returns the Services of the test's namespace by name.

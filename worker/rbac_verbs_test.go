@@ -12,6 +12,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
@@ -99,7 +100,7 @@ func (e *env) expectWatchFailure(w *testWorker, user, verb string) {
 // the failure ended with one more event and log line.
 func (e *env) expectWatchRecovery(w *testWorker, verb string) {
 	e.t.Helper()
-	waitWithin(e.t, recoverTimeout, "readiness after "+verb+" is granted back", func() (bool, string) {
+	testenv.Wait(e.t, recoverTimeout, "readiness after "+verb+" is granted back", func() (bool, string) {
 		err := readiness(w)
 		return err == nil, fmt.Sprintf("readiness: %v", err)
 	})
@@ -232,7 +233,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 		}
 
 		e.setVerbs(user, serviceVerbs...)
-		waitWithin(t, recoverTimeout, "mat-b's Services deleted, mat-a's kept", func() (bool, string) {
+		testenv.Wait(t, recoverTimeout, "mat-b's Services deleted, mat-a's kept", func() (bool, string) {
 			after := e.services()
 			var left []string
 			for n, s := range after {
@@ -256,7 +257,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 			t.Errorf("Services exist although create is refused: %v", uids(got))
 		}
 		e.setVerbs(user, serviceVerbs...)
-		waitWithin(t, recoverTimeout, "the Services created once create is granted", func() (bool, string) {
+		testenv.Wait(t, recoverTimeout, "the Services created once create is granted", func() (bool, string) {
 			got := e.services()
 			return len(got) == len(v2MixedNames()), fmt.Sprintf("%d Services", len(got))
 		})
@@ -283,7 +284,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 
 		e.setVerbs(user, serviceVerbs...)
 		const name = "mat-bmc-host-922f3d9b-20b-4da64654"
-		waitWithin(t, recoverTimeout, "the update once update is granted", func() (bool, string) {
+		testenv.Wait(t, recoverTimeout, "the update once update is granted", func() (bool, string) {
 			s := e.service(name)
 			return s != nil && s.Annotations[plan.AnnotationPowerState] == "Off", fmt.Sprintf("annotations %v", s.Annotations)
 		})
@@ -310,7 +311,7 @@ func TestMissingServiceVerbs(t *testing.T) {
 		if err := sim.SetFleet(later); err != nil {
 			t.Fatal(err)
 		}
-		waitWithin(t, recoverTimeout, "the stale Service deleted once delete is granted", func() (bool, string) {
+		testenv.Wait(t, recoverTimeout, "the stale Service deleted once delete is granted", func() (bool, string) {
 			return e.service(gone) == nil, "still there"
 		})
 		for n, uid := range before {
