@@ -180,13 +180,14 @@ func runFencing(t *testing.T, f fencing) {
 			}
 		}
 	}()
+	stepped := old.log.Watch("stepping down") // before the thaw: the line may come at once
 	thaw := time.Now()
 	if err := old.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("measured: %s frozen for %v (lease %v, renew deadline %v)", leader, thaw.Sub(frozen).Round(time.Millisecond), f.lease, f.renew)
 	select {
-	case line := <-old.log.Watch("stepping down"):
+	case line := <-stepped:
 		t.Logf("measured: %s stepped down %v after the thaw: %s", leader, time.Since(thaw).Round(time.Millisecond), line)
 	case <-time.After(f.window):
 		t.Errorf("%s did not log a step-down within %v of the thaw", leader, f.window)
