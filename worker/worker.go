@@ -385,6 +385,13 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, 
 // spread over the workers in turn instead of filling the first worker's
 // large request (a few big instances on one worker while others idle).
 // Larger batches (delete jobs, which are many and small) may overlap.
+//
+// Overlapping requests that a burst split into one per freed slot are
+// merged again when the queue runs dry: once a request ends short of its
+// batch (it expired: nothing was left to deliver), no new request is sent
+// until every open one has ended, and then one asks for all free slots.
+// Otherwise each expiring fragment asked again for its own slot, and an
+// idle worker kept one request (and two goroutines) per slot open.
 func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots, batchMax int,
 	dispatch func(jetstream.Msg)) {
 	actx, cancel := context.WithCancel(ctx)
@@ -394,9 +401,25 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 		cancel() // ends the open pull requests
 		batches.Wait()
 	}()
+	var (
+		mu    sync.Mutex
+		open  int  // pull requests not ended
+		dry   bool // a request expired short of its batch
+		ended = make(chan struct{}, 1)
+	)
 	for {
+		acquire := sem
+		mu.Lock()
+		if dry && open > 0 {
+			acquire = nil // merge: wait for the open requests to end
+		} else {
+			dry = false
+		}
+		mu.Unlock()
 		select {
-		case sem <- struct{}{}:
+		case acquire <- struct{}{}:
+		case <-ended:
+			continue
 		case err := <-broken:
 			log.Warn("consumer interrupted, re-attaching", "error", err)
 			return
@@ -427,6 +450,9 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 			return
 		}
 		batches.Add(1)
+		mu.Lock()
+		open++
+		mu.Unlock()
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
@@ -439,6 +465,14 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 			}
 			for range n - got {
 				<-sem
+			}
+			mu.Lock()
+			open--
+			dry = dry || got < n
+			mu.Unlock()
+			select {
+			case ended <- struct{}{}:
+			default:
 			}
 			if err := batch.Error(); err != nil && actx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 				select {
