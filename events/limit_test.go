@@ -273,3 +273,32 @@ func TestPublishRawClosedConnectionFailsAtOnce(t *testing.T) {
 		t.Fatalf("PublishRaw on a closed connection after %s: %v", time.Since(start), err)
 	}
 }
+
+// TestReporterLogLevels: a failure is logged at error level (a close error
+// at warn), the end of a failure state (Resolved) at info as "recovered",
+// and the Resolved flag reaches the subscriber.
+func TestReporterLogLevels(t *testing.T) {
+	b := busOn(t, testenv.NATS(t))
+	var logBuf bytes.Buffer
+	r := NewReporter(b, slog.New(slog.NewJSONHandler(&logBuf, nil)), "w1", -1)
+	ctx := context.Background()
+	for _, c := range []struct {
+		e          Error
+		level, msg string
+	}{
+		{Error{Kind: ErrorWatch, Message: "watch services: forbidden"}, "ERROR", "failure"},
+		{Error{Kind: ErrorClose, Message: "close: broken pipe"}, "WARN", "failure"},
+		{Error{Kind: ErrorWatch, Message: "list and watch services work again after 3s", Resolved: true}, "INFO", "recovered"},
+	} {
+		logBuf.Reset()
+		r.Report(ctx, c.e)
+		got, _ := lastError(t, b, c.e.Kind)
+		if got.Message != c.e.Message || got.Resolved != c.e.Resolved {
+			t.Errorf("published %+v, want message %q resolved %v", got, c.e.Message, c.e.Resolved)
+		}
+		line := logBuf.String()
+		if !strings.Contains(line, `"level":"`+c.level+`"`) || !strings.Contains(line, `"msg":"`+c.msg+`"`) {
+			t.Errorf("%s logged %s, want level %s msg %q", c.e.Message, line, c.level, c.msg)
+		}
+	}
+}

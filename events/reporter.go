@@ -85,7 +85,8 @@ func (r *Reporter) redactFields(e Error) Error {
 	return e
 }
 
-// Report logs e (warn level for close errors, error level otherwise) and
+// Report logs e (warn level for close errors, info level with the message
+// "recovered" for a Resolved event, error level otherwise) and
 // publishes it unless the rate limit suppresses it. It reports whether the
 // event was published. Both the log line and the event carry e's fields
 // redacted and cut as the Reporter's doc says. The publish uses its own 5 s
@@ -97,11 +98,14 @@ func (r *Reporter) Report(ctx context.Context, e Error) bool {
 	}
 	full := r.redactFields(e)
 	e = full.capFields(MaxErrorMessage, MaxErrorField)
-	level := slog.LevelError
-	if e.Kind == ErrorClose {
+	level, msg := slog.LevelError, "failure"
+	switch {
+	case e.Resolved:
+		level, msg = slog.LevelInfo, "recovered"
+	case e.Kind == ErrorClose:
 		level = slog.LevelWarn
 	}
-	r.log.Log(ctx, level, "failure", "kind", e.Kind, "instance", e.Instance, "service", e.Service,
+	r.log.Log(ctx, level, msg, "kind", e.Kind, "instance", e.Instance, "service", e.Service,
 		"url", e.URL, "subject", e.Subject, "permanent", e.Permanent, "attempts", e.Attempts, "error", e.Message)
 
 	key := string(e.Kind) + "|" + e.Instance + "|" + e.Service + "|" + e.URL + "|" + e.Subject + "|" + cause(e.Message)

@@ -225,6 +225,10 @@ type Error struct {
 	Suppressed int `json:"suppressed,omitempty"`
 	// Worker names the process that saw the failure.
 	Worker string `json:"worker,omitempty"`
+	// Resolved is true on the event that reports the end of a failure
+	// state (for kind watch: list and watch work again); Message says how
+	// long it lasted. Absent (false) on every failure.
+	Resolved bool `json:"resolved,omitempty"`
 }
 
 // Decode parses one message body into an Envelope. It returns an error

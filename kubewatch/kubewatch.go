@@ -107,7 +107,7 @@ func (t *Tracker) Observe(ctx context.Context, verb string, err error) {
 		t.mu.Unlock()
 		t.report.Report(ctx, events.Error{Kind: events.ErrorWatch,
 			Message: fmt.Sprintf("list and watch %s work again after %v and %d failed calls", t.resource,
-				now.Sub(since).Round(time.Millisecond), calls), Attempts: calls})
+				now.Sub(since).Round(time.Millisecond), calls), Attempts: calls, Resolved: true})
 	default:
 		t.mu.Unlock()
 	}

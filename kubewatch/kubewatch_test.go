@@ -137,7 +137,7 @@ func TestTrackerReportsStartAndEndOnce(t *testing.T) {
 		t.Errorf("matbus_informer_healthy = %v while watch fails, want 0", healthy())
 	}
 	start := seen.wait(t, 1)[0]
-	if start.Kind != events.ErrorWatch || start.Worker != "worker-0" || start.Permanent ||
+	if start.Kind != events.ErrorWatch || start.Worker != "worker-0" || start.Permanent || start.Resolved ||
 		!strings.Contains(start.Message, "watch services: ") || !strings.Contains(start.Message, "cannot watch resource") {
 		t.Errorf("start event = %+v", start)
 	}
@@ -164,7 +164,7 @@ func TestTrackerReportsStartAndEndOnce(t *testing.T) {
 		t.Errorf("matbus_informer_healthy = %v after recovery, want 1", healthy())
 	}
 	end := seen.wait(t, 2)[1]
-	if end.Kind != events.ErrorWatch || end.Attempts != 6 || !strings.HasPrefix(end.Message, "list and watch services work again after ") ||
+	if end.Kind != events.ErrorWatch || end.Attempts != 6 || !end.Resolved || !strings.HasPrefix(end.Message, "list and watch services work again after ") ||
 		!strings.Contains(end.Message, "6 failed calls") {
 		t.Errorf("end event = %+v, want list and watch work again after 6 failed calls", end)
 	}
