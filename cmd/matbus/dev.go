@@ -27,6 +27,7 @@ import (
 	"github.com/matbus/matbus/internal/natsserver"
 	"github.com/matbus/matbus/kubelocal"
 	"github.com/matbus/matbus/matsim"
+	"github.com/matbus/matbus/operator"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -239,7 +240,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 		errCount.Add(1)
 		var b bytes.Buffer
 		b.WriteString("ERROR ")
-		printError(&b, m.Subject, m.Data, false)
+		operator.WriteErrorEvent(&b, m.Subject, m.Data, false)
 		_, _ = out.Write(b.Bytes())
 	})
 	if err != nil {

@@ -17,8 +17,8 @@ import (
 	"github.com/matbus/matbus/matsim"
 )
 
-// TestErrorsSince prints recorded error events, filtered by kind, and an
-// unreadable message on the error subjects as such instead of failing.
+// TestErrorsSince prints recorded error events, filtered by kind, the end
+// of a failure state marked resolved, and an unreadable message on the error subjects as such instead of failing.
 func TestErrorsSince(t *testing.T) {
 	s, err := natsserver.Start(natsserver.Options{})
 	if err != nil {
@@ -41,6 +41,7 @@ func TestErrorsSince(t *testing.T) {
 	rep := events.NewReporter(bus, nil, "w-1", -1)
 	rep.Report(ctx, events.Error{Kind: events.ErrorDelete, Instance: "ns.mat-0", Service: "ns/mat-bmc-host-a", Message: "forbidden", Permanent: true})
 	rep.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: "ns.mat-1", URL: "https://h:1266", Message: "HTTP 500"})
+	rep.Report(ctx, events.Error{Kind: events.ErrorWatch, Message: "list and watch services work again after 3s", Resolved: true})
 	if _, err := bus.JS.Publish(ctx, "mat.errors.fetch", []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
@@ -50,9 +51,10 @@ func TestErrorsSince(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 3 || !strings.Contains(lines[0], "delete") || !strings.Contains(lines[0], "service=ns/mat-bmc-host-a") ||
+	if len(lines) != 4 || !strings.Contains(lines[0], "delete") || !strings.Contains(lines[0], "service=ns/mat-bmc-host-a") ||
 		!strings.Contains(lines[0], "permanent") || !strings.Contains(lines[0], ": forbidden") ||
-		!strings.Contains(lines[1], "url=https://h:1266") || !strings.Contains(lines[2], "unreadable error event") {
+		!strings.Contains(lines[1], "url=https://h:1266") || !strings.HasSuffix(lines[2], " resolved: list and watch services work again after 3s") ||
+		strings.Contains(lines[1], "resolved") || !strings.Contains(lines[3], "unreadable error event") {
 		t.Fatalf("output:\n%s", out)
 	}
 	code, out, _ = runArgs(t, nil, "errors", "--nats-url", s.ClientURL(), "--since", "1h", "--follow=false", "--kind", "delete")

@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/operator"
 )
 
 func runErrors(ctx context.Context, args []string, e env) error {
@@ -38,20 +34,8 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	if since < 0 {
 		return fmt.Errorf("%w: --since must not be negative", errUsage)
 	}
-	subj := events.Subjects{Prefix: n.prefix}
-	filters := []string{subj.Errors()}
-	if len(kinds) > 0 {
-		filters = nil
-		for _, k := range kinds {
-			ok := false
-			for _, known := range events.ErrorKinds {
-				ok = ok || string(known) == k
-			}
-			if !ok {
-				return fmt.Errorf("%w: --kind %q is not an error kind", errUsage, k)
-			}
-			filters = append(filters, subj.Error(events.ErrorKind(k)))
-		}
+	if _, err := operator.ErrorFilters(events.Subjects{Prefix: n.prefix}, kinds); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if !follow && since == 0 {
 		return fmt.Errorf("%w: --follow=false needs --since", errUsage)
@@ -76,108 +60,6 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	if err := serveHealth(ctx, healthAddr, ready.err, nil, log); err != nil {
 		return err
 	}
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy}
-	if since > 0 {
-		start := time.Now().Add(-since)
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
-	}
-	// Reading never creates streams: wait for them to exist.
-	var cons jetstream.Consumer
-	for {
-		cons, err = bus.JS.OrderedConsumer(ctx, bus.StreamName("ERRORS"), cfg)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("read error events: %w", err)
-		}
-		if !follow {
-			return fmt.Errorf("stream %s does not exist: no matbus component has started on this NATS server with --subject-prefix %q", bus.StreamName("ERRORS"), n.prefix)
-		}
-		fmt.Fprintf(e.stderr, "waiting for stream %s (no matbus component has started yet)\n", bus.StreamName("ERRORS"))
-		if !sleepCtx(ctx, 2*time.Second) {
-			return nil
-		}
-	}
-	it, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("read error events: %w", err)
-	}
-	defer it.Stop()
-	reading.Store(true)
-	printed := 0
-	for {
-		nctx := ctx
-		var cancel context.CancelFunc = func() {}
-		if !follow {
-			nctx, cancel = context.WithTimeout(ctx, 2*time.Second)
-		}
-		m, err := it.Next(jetstream.NextContext(nctx))
-		cancel()
-		if err != nil {
-			if !follow && printed == 0 && ctx.Err() == nil {
-				fmt.Fprintf(e.stderr, "no error events in the last %s\n", since)
-			}
-			if ctx.Err() != nil || !follow {
-				return nil
-			}
-			return fmt.Errorf("read error events: %w", err)
-		}
-		printed++
-		printError(e.stdout, m.Subject(), m.Data(), asJSON)
-		if !follow {
-			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
-				return nil
-			}
-		}
-	}
-}
-
-// printError writes one error event as a line: time, kind, target and message.
-func printError(w io.Writer, subject string, data []byte, asJSON bool) {
-	if asJSON {
-		fmt.Fprintln(w, strings.TrimSpace(string(data)))
-		return
-	}
-	env, err := events.Decode(data)
-	if err == nil {
-		var ev events.Error
-		if ev, err = events.Into[events.Error](env, events.TypeError); err == nil {
-			var b strings.Builder
-			fmt.Fprintf(&b, "%s %-9s", env.Time.Format(time.RFC3339), ev.Kind)
-			for _, kv := range [][2]string{{"instance", ev.Instance}, {"service", ev.Service}, {"url", ev.URL}, {"mat_id", ev.MatID}, {"subject", ev.Subject}, {"worker", ev.Worker}} {
-				if kv[1] != "" {
-					fmt.Fprintf(&b, " %s=%s", kv[0], kv[1])
-				}
-			}
-			if ev.Permanent {
-				b.WriteString(" permanent")
-			}
-			if ev.Attempts > 0 {
-				fmt.Fprintf(&b, " attempts=%d", ev.Attempts)
-			}
-			if ev.Suppressed > 0 {
-				fmt.Fprintf(&b, " suppressed=%d", ev.Suppressed)
-			}
-			fmt.Fprintf(&b, ": %s", ev.Message)
-			fmt.Fprintln(w, b.String())
-			return
-		}
-	}
-	raw, _ := json.Marshal(string(data))
-	fmt.Fprintf(w, "unreadable error event on %s (%v): %s\n", subject, err, raw)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return operator.TailErrors(ctx, operator.ErrorsConfig{Bus: bus, Kinds: kinds, Since: since, Follow: follow,
+		JSON: asJSON, Out: e.stdout, Notes: e.stderr, Reading: func() { reading.Store(true) }})
 }
