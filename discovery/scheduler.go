@@ -220,7 +220,7 @@ func (s *Scheduler) Result(r events.SyncResult) {
 				s.log.Warn("instance taken out of rotation", "instance", e.key, "failures", e.fails, "probe_in", wait, "error", r.Error)
 				msg := fmt.Sprintf("instance taken out of rotation after %d consecutive failed status fetches; probed at a growing interval (now %v, at most %v); last error: %s",
 					e.fails, wait, s.cfg.ProbeMaxInterval, r.Error)
-				s.emit(e.key, msg, !r.Transient)
+				s.emit(events.Error{Kind: events.ErrorFetch, Instance: e.key, Message: msg, Permanent: !r.Transient})
 				s.record(e.key, kubeevents.OutOfRotation, msg)
 			}
 			next = now.Add(wait)
@@ -249,7 +249,7 @@ func (s *Scheduler) recovered(e *schedEntry, now time.Time) {
 	if e.out {
 		s.log.Info("instance back in rotation", "instance", e.key, "failed_fetches", e.fails)
 		msg := fmt.Sprintf("instance recovered: status fetched again after %d failed fetches; back in rotation", e.fails)
-		s.emit(e.key, msg, false)
+		s.emit(events.Error{Kind: events.ErrorFetch, Instance: e.key, Message: msg, Resolved: true})
 		s.record(e.key, kubeevents.Recovered, msg)
 	}
 	e.out, e.fails, e.lastErr = false, 0, ""
@@ -266,11 +266,12 @@ func (s *Scheduler) record(key string, reason kubeevents.Reason, note string) {
 	s.cfg.Events.Instance(key, reason, note)
 }
 
-func (s *Scheduler) emit(key, msg string, permanent bool) {
+// emit reports e: an instance taken out of rotation, or (Resolved) back in
+// rotation.
+func (s *Scheduler) emit(e events.Error) {
 	if s.report == nil {
 		return
 	}
-	e := events.Error{Kind: events.ErrorFetch, Instance: key, Message: msg, Permanent: permanent}
 	// Reporting publishes with retries: never under the lock.
 	go s.report.Report(context.Background(), e)
 }

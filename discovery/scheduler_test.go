@@ -206,6 +206,13 @@ func TestSchedulerBacksOffFailingInstance(t *testing.T) {
 	mu.Unlock()
 	eventually(t, "back in rotation", func() bool { return s.Stats().OutOfRotation == 0 })
 	eventually(t, "recovery event", func() bool { return errs.has("ns.bad", "recovered") })
+	errs.mu.Lock()
+	defer errs.mu.Unlock()
+	for _, e := range errs.errs {
+		if e.Instance == "ns.bad" && e.Resolved != strings.Contains(e.Message, "recovered") {
+			t.Errorf("event %q has resolved=%v; only the recovery is resolved", e.Message, e.Resolved)
+		}
+	}
 }
 
 // Instances due at once are served in an order that does not follow
