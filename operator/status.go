@@ -231,8 +231,8 @@ func lastErrors(ctx context.Context, bus *events.Bus, ns string, since time.Dura
 			continue
 		}
 		e, err := events.Into[events.Error](env, events.TypeError)
-		if err != nil || e.Instance == "" || ns != "" && !strings.HasPrefix(e.Instance, ns+".") {
-			continue
+		if err != nil || e.Instance == "" || e.Resolved || ns != "" && !strings.HasPrefix(e.Instance, ns+".") {
+			continue // a Resolved event ends a failure: it is not the last error
 		}
 		out[e.Instance] = ErrorSummary{Kind: e.Kind, Time: env.Time, Message: e.Message, Permanent: e.Permanent}
 	}
