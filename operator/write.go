@@ -89,14 +89,17 @@ func WriteText(w io.Writer, r *Report) error {
 		recreates += len(ip.Recreate)
 		deletes += len(ip.Delete)
 	}
-	if r.Changes == 0 {
+	switch {
+	case r.Changes == 0 && r.Errors > 0:
+		fmt.Fprintf(b, "no change in the instances planned (%d adoptions that only add matbus's labels and annotation)", r.Adoptions)
+	case r.Changes == 0:
 		fmt.Fprintf(b, "no change (%d adoptions that only add matbus's labels and annotation)", r.Adoptions)
-	} else {
+	default:
 		fmt.Fprintf(b, "%d changes: %d creates, %d updates, %d recreates, %d deletes; %d adoptions that only add matbus's labels and annotation",
 			r.Changes, creates, updates, recreates, deletes, r.Adoptions)
 	}
 	if r.Errors > 0 {
-		fmt.Fprintf(b, "; %d instances with errors:", r.Errors)
+		fmt.Fprintf(b, "; %d instances could not be planned (what they would change is unknown):", r.Errors)
 		for _, ip := range r.Instances {
 			if ip.Error != "" {
 				fmt.Fprintf(b, "\n  %s: %s", ip.Key, ip.Error)

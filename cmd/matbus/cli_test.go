@@ -47,6 +47,13 @@ func TestCLIHelpAndErrors(t *testing.T) {
 			t.Errorf("%v: exit %d, stdout %q, stderr:\n%s\nwant 2 lines, the first containing %q", c.args, code, out, errOut, c.want)
 		}
 	}
+	// plan keeps exit 2 for "something would change": its usage errors exit 1.
+	for _, args := range [][]string{{"plan", "--bogus"}, {"plan", "-o", "yaml"}} {
+		code, out, errOut := runArgs(t, nil, args...)
+		if code != 1 || out != "" || !strings.Contains(errOut, "matbus plan: ") || !strings.Contains(errOut, "Run `matbus help plan`") {
+			t.Errorf("%v: exit %d, stdout %q, stderr:\n%s\nwant exit 1 and the usage hint", args, code, out, errOut)
+		}
+	}
 	code, _, errOut := runArgs(t, nil, "frob")
 	if code != 2 || strings.Count(strings.TrimSpace(errOut), "\n") != 1 || !strings.Contains(errOut, `unknown subcommand "frob"`) {
 		t.Errorf("unknown subcommand: exit %d, stderr:\n%s", code, errOut)

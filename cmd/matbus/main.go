@@ -19,6 +19,8 @@ import (
 type subcommand struct {
 	summary string
 	run     func(ctx context.Context, args []string, env env) error
+	// usageStatus is the exit status of a usage error; 0 means 2.
+	usageStatus int
 }
 
 // env is what a subcommand may use of the outside world; tests pass their own.
@@ -30,16 +32,16 @@ type env struct {
 
 func subcommands() map[string]subcommand {
 	return map[string]subcommand{
-		"discovery": {"Watch for MAT instances and publish instance and sync events (leader-elected).", runDiscovery},
-		"worker":    {"Consume instance events, sync jobs and delete jobs; keep BMC Services in step.", runWorker},
-		"dev":       {"Run the whole pipeline in one process: embedded NATS, simulators, local kube-apiserver, discovery, workers.", runDev},
-		"errors":    {"Print error events as they arrive (and recent ones with --since).", runErrors},
-		"matsim":    {"Serve a simulated MAT `GET /machines/status` from a generated fleet or a fixture file.", runMatsim},
-		"probe":     {"GET a URL and exit 0 on a 2xx answer (a healthcheck for containers without curl).", runProbe},
-		"check":     {"Pre-flight check: what will fail (NATS, Kubernetes API, RBAC, IP ranges, externalIPs admission); exits 1 on a problem.", runCheck},
-		"plan":      {"Dry run: what a worker would create, update, recreate, delete and adopt in the namespace; writes nothing; exits 2 when something would change.", runPlan},
-		"status":    {"One row per instance (rotation, last good sync, Services, last error, worker, published) and the pipeline's summary, from what matbus publishes.", runStatus},
-		"version":   {"Print the matbus version.", runVersion},
+		"discovery": {summary: "Watch for MAT instances and publish instance and sync events (leader-elected).", run: runDiscovery},
+		"worker":    {summary: "Consume instance events, sync jobs and delete jobs; keep BMC Services in step.", run: runWorker},
+		"dev":       {summary: "Run the whole pipeline in one process: embedded NATS, simulators, local kube-apiserver, discovery, workers.", run: runDev},
+		"errors":    {summary: "Print error events as they arrive (and recent ones with --since).", run: runErrors},
+		"matsim":    {summary: "Serve a simulated MAT `GET /machines/status` from a generated fleet or a fixture file.", run: runMatsim},
+		"probe":     {summary: "GET a URL and exit 0 on a 2xx answer (a healthcheck for containers without curl).", run: runProbe},
+		"check":     {summary: "Pre-flight check: what will fail (NATS, Kubernetes API, RBAC, IP ranges, externalIPs admission); exits 1 on a problem.", run: runCheck},
+		"plan":      {summary: "Dry run: what a worker would create, update, recreate, delete and adopt in the namespace; writes nothing; exits 2 when something would change, 1 on an error or invalid flags.", run: runPlan, usageStatus: 1},
+		"status":    {summary: "One row per instance (rotation, last good sync, Services, last error, worker, published) and the pipeline's summary, from what matbus publishes.", run: runStatus},
+		"version":   {summary: "Print the matbus version.", run: runVersion},
 	}
 }
 
@@ -89,6 +91,9 @@ func run(ctx context.Context, args []string, e env) int {
 		// One line naming what is wrong, one hint; not every flag.
 		fmt.Fprintf(e.stderr, "matbus %s: %s\nRun `matbus help %s` for its flags.\n", args[0],
 			strings.TrimPrefix(redact.StripUserInfo(err.Error()), errUsage.Error()+": "), args[0])
+		if c.usageStatus != 0 {
+			return c.usageStatus
+		}
 		return 2
 	default:
 		var ec exitCode
@@ -100,7 +105,8 @@ func run(ctx context.Context, args []string, e env) int {
 	}
 }
 
-// errUsage marks invalid flags or arguments (exit status 2).
+// errUsage marks invalid flags or arguments (exit status 2, or the
+// subcommand's usageStatus: plan keeps 2 for "something would change").
 var errUsage = errors.New("usage")
 
 // exitCode ends the process with that status and no message.

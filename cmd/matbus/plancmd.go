@@ -27,10 +27,11 @@ func outputFlag(fs *flag.FlagSet, output *string) func() error {
 
 // runPlan is `matbus plan`: the takeover dry run of package operator,
 // wired to the worker's and discovery's flags. Exit 0: no change; 2:
-// something would change; 1: an error.
+// something would change; 1: an error, invalid flags included (as
+// terraform plan -detailed-exitcode, so 2 never means a typo).
 func runPlan(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("plan", "Dry run: what a worker would do to the Services of the namespace (the old controller's included) — creates, updates with the fields that change, recreates, deletes and adoptions. "+
-		"Takes the flags and environment of `worker` and `discovery`, fetches each status once and writes nothing; exits 0 when nothing would change, 2 when something would, 1 on an error.", e.stderr)
+		"Takes the flags and environment of `worker` and `discovery`, fetches each status once and writes nothing; exits 0 when nothing would change, 2 when something would, 1 on an error (invalid flags included).", e.stderr)
 	var (
 		n       natsOpts
 		l       logOpts
