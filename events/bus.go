@@ -131,7 +131,7 @@ type Bus struct {
 	mu        sync.Mutex
 	published map[Type]int64    // Publish calls that succeeded, by event type
 	failed    map[Type]int64    // Publish calls that gave up, by event type
-	refused   map[string]string // stream → the last refused replica change, as logged
+	refused   map[string]string // stream → the last refused replica change, as logged; "<stream>/storage" → the storage kept
 
 	instances jetstream.Stream // handle of the instances stream, once looked up (see instancesStream)
 }
@@ -261,6 +261,13 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 		return fmt.Errorf("events: look up stream %s: %w", want.Name, err)
 	}
 	have := s.CachedInfo().Config
+	if have.Storage != want.Storage {
+		// JetStream cannot change a stream's storage: the stream works as
+		// it is (another process, e.g. `matbus dev`, created it), so keep
+		// its storage, say so once, and update the rest.
+		b.storageOnce(want.Name, have.Storage, want.Storage)
+		want.Storage = have.Storage
+	}
 	if streamSame(have, want) {
 		return nil
 	}
@@ -309,6 +316,20 @@ func (b *Bus) refusedOnce(stream string, err error) {
 	}
 	if err == nil && had {
 		b.log.Info("stream replicas changed after an earlier refusal", "stream", stream)
+	}
+}
+
+// storageOnce logs at error level, once per stream, that stream keeps its
+// have storage although this process is configured for want.
+func (b *Bus) storageOnce(stream string, have, want jetstream.StorageType) {
+	key := stream + "/storage"
+	b.mu.Lock()
+	_, had := b.refused[key]
+	b.refused[key] = have.String()
+	b.mu.Unlock()
+	if !had {
+		b.log.Error("stream keeps its storage: JetStream cannot change a stream's storage type (delete the stream to change it)",
+			"stream", stream, "storage", have.String(), "configured", want.String())
 	}
 }
 

@@ -1,7 +1,10 @@
 package events
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -203,5 +206,53 @@ func TestReporterPublishesAChangedCause(t *testing.T) {
 	e.Message = "invalid status: machines[3].bmc.redfish.listen_port: 70001 is out of range"
 	if r.Report(ctx, e) {
 		t.Fatal("the same cause with other numbers was published again inside the window")
+	}
+}
+
+// TestEnsureStreamsKeepsStorage: a process configured for file storage
+// joins streams and a state bucket another process made in memory (as
+// `matbus dev` does): JetStream cannot change the storage, so EnsureStreams
+// and EnsureState keep it, log it once at error level, and succeed.
+func TestEnsureStreamsKeepsStorage(t *testing.T) {
+	nc := testenv.NATS(t)
+	ctx := context.Background()
+	mem, err := New(nc, Config{Memory: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mem.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mem.EnsureState(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var logBuf bytes.Buffer
+	file, err := New(nc, Config{}, slog.New(slog.NewJSONHandler(&logBuf, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := file.EnsureStreams(ctx); err != nil {
+			t.Fatalf("EnsureStreams over memory streams: %v", err)
+		}
+		if _, err := file.EnsureState(ctx); err != nil {
+			t.Fatalf("EnsureState over a memory bucket: %v", err)
+		}
+	}
+	names := []string{"KV_" + file.StateBucket()}
+	for _, cfg := range file.StreamConfigs() {
+		names = append(names, cfg.Name)
+	}
+	for _, name := range names {
+		s, err := file.JS.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := s.CachedInfo().Config.Storage; st != jetstream.MemoryStorage {
+			t.Errorf("stream %s storage = %v, want memory kept", name, st)
+		}
+		if n := strings.Count(logBuf.String(), `"stream":"`+name+`","storage":"Memory"`); n != 1 {
+			t.Errorf("stream %s: %d log lines about its kept storage, want 1:\n%s", name, n, logBuf.String())
+		}
 	}
 }

@@ -26,8 +26,10 @@ type InstanceState struct {
 	FailedFetches   int   `json:"failed_fetches,omitempty"`
 	// LastGoodSync is when the scheduler last took a result with a good
 	// fetch (synced, unchanged, or an apply failure after a good fetch);
-	// zero when none since this leader took over. It is refreshed at most
-	// every StateRefresh while nothing else changes.
+	// zero when none is known. A new leader keeps the one its predecessor
+	// wrote (and Worker, LastOutcome, LastError) until it learns newer
+	// ones. It is refreshed at most every StateRefresh while nothing else
+	// changes.
 	LastGoodSync time.Time `json:"last_good_sync,omitzero"`
 	// Worker names the worker of the last good result ("" when none).
 	Worker string `json:"worker,omitempty"`
@@ -42,11 +44,14 @@ type InstanceState struct {
 // LeaderState is the state bucket's entry StateLeaderKey(namespace): the
 // discovery process publishing for that namespace. The leader rewrites it
 // every StateRefresh, so an Updated older than a few refreshes means no
-// publisher is running.
+// publisher is running. A leader that steps down while it can still write
+// (its term or process ends cleanly) rewrites it once more with Ended set:
+// no publisher has run since Ended.
 type LeaderState struct {
 	Identity string    `json:"identity"`
 	Since    time.Time `json:"since"`
 	Updated  time.Time `json:"updated"`
+	Ended    time.Time `json:"ended,omitzero"`
 }
 
 // StateRefresh is how often the discovery leader rewrites its leader entry
@@ -74,11 +79,18 @@ func StateLeaderKey(ns string) string {
 }
 
 // EnsureState creates the state bucket, or updates it to one value per
-// key with the bus's replicas and storage, and returns it.
+// key with the bus's replicas and storage (an existing bucket keeps its
+// storage, logged once), and returns it.
 func (b *Bus) EnsureState(ctx context.Context) (jetstream.KeyValue, error) {
 	st := jetstream.FileStorage
 	if b.cfg.Memory {
 		st = jetstream.MemoryStorage
+	}
+	// A bucket's storage cannot change: keep the one it has, as
+	// EnsureStreams does for streams.
+	if s, err := b.JS.Stream(ctx, "KV_"+b.StateBucket()); err == nil && s.CachedInfo().Config.Storage != st {
+		b.storageOnce("KV_"+b.StateBucket(), s.CachedInfo().Config.Storage, st)
+		st = s.CachedInfo().Config.Storage
 	}
 	kv, err := b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.StateBucket(), History: 1,
 		Description: "matbus: the discovery leader's view of each instance, for matbus status", Replicas: b.cfg.Replicas, Storage: st})
