@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/matbus/matbus/events"
 )
 
@@ -46,8 +48,12 @@ func (s *Scheduler) States() map[string]events.InstanceState {
 // publisher leads: every second it writes the instances whose state
 // changed (rotation, failures, outcome, error), every events.StateRefresh
 // also those whose last good sync or worker moved on and the leader entry,
-// and deletes the entries of instances no longer scheduled. The state is a
-// view for `matbus status`; a failed write is logged and tried again.
+// and deletes the entries of instances no longer scheduled. At start it
+// reads the entries an earlier leader left and keeps their history (last
+// good sync, worker, last outcome and error; see keepHistory) until its
+// scheduler knows newer; when ctx ends it marks its leader entry ended
+// (see endLeader). The state is a view for `matbus status`; a failed write
+// is logged and tried again.
 type stateWriter struct {
 	bus      *events.Bus
 	sched    *Scheduler
@@ -55,13 +61,16 @@ type stateWriter struct {
 	log      *slog.Logger
 	every    time.Duration
 	refresh  time.Duration
+	// endWait bounds the write that marks the leader entry ended once ctx
+	// has ended.
+	endWait time.Duration
 }
 
 // stateWriter returns the state writer of p's scheduler; the bus's Source
 // names the leader.
 func (p *Publisher) stateWriter() *stateWriter {
 	return &stateWriter{bus: p.bus, sched: p.sched, identity: p.bus.Config().Source, log: p.log.With("part", "state"),
-		every: time.Second, refresh: events.StateRefresh}
+		every: time.Second, refresh: events.StateRefresh, endWait: 2 * time.Second}
 }
 
 func (w *stateWriter) run(ctx context.Context) {
@@ -77,29 +86,38 @@ func (w *stateWriter) run(ctx context.Context) {
 	}
 	ns := w.bus.Config().Namespace
 	written := map[string]events.InstanceState{}
-	// Entries of an earlier leader for instances no longer present go at
-	// the first pass.
-	if lister, err := kv.ListKeysFiltered(ctx, events.StateInstancesIn(ns)); err == nil {
-		for k := range lister.Keys() {
-			written[k[len("instance."):]] = events.InstanceState{}
-		}
+	// An earlier leader's entries: their history is kept until the
+	// scheduler knows newer; every entry is rewritten at the first pass
+	// (written holds none), those of instances no longer present deleted.
+	history, _, err := w.bus.ReadState(ctx, ns)
+	if err != nil && ctx.Err() == nil {
+		w.log.Warn("state bucket: earlier entries not read; their last sync, worker and outcome are lost", "error", err)
+	}
+	for k := range history {
+		written[k] = events.InstanceState{}
 	}
 	since := time.Now()
 	var leaderAt time.Time
+	var leaderRev uint64 // revision of this writer's last leader entry
+	defer func() { w.endLeader(ctx, kv, ns, since, leaderRev) }()
 	t := time.NewTicker(w.every)
 	defer t.Stop()
 	for {
 		now := time.Now()
 		if now.Sub(leaderAt) >= w.refresh {
 			b, _ := json.Marshal(events.LeaderState{Identity: w.identity, Since: since, Updated: now})
-			if _, err := kv.Put(ctx, events.StateLeaderKey(ns), b); err == nil {
-				leaderAt = now
+			if rev, err := kv.Put(ctx, events.StateLeaderKey(ns), b); err == nil {
+				leaderAt, leaderRev = now, rev
 			} else if ctx.Err() == nil {
 				w.log.Warn("state bucket: leader entry not written", "error", err)
 			}
 		}
 		cur := w.sched.States()
 		for k, st := range cur {
+			if h, ok := history[k]; ok {
+				st = keepHistory(h, st)
+				cur[k] = st
+			}
 			old, had := written[k]
 			if had && !changed(old, st, now, w.refresh) {
 				continue
@@ -128,6 +146,44 @@ func (w *stateWriter) run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// endLeader marks the leader entry ended once ctx has ended: it rewrites
+// it with Ended, within endWait, if it is still the one this writer last
+// wrote (revision rev; 0: none), so that a newer leader's entry is never
+// overwritten. A process that cannot write (NATS unreachable, killed)
+// leaves it to turn stale.
+func (w *stateWriter) endLeader(ctx context.Context, kv jetstream.KeyValue, ns string, since time.Time, rev uint64) {
+	if rev == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.endWait)
+	defer cancel()
+	now := time.Now()
+	b, _ := json.Marshal(events.LeaderState{Identity: w.identity, Since: since, Updated: now, Ended: now})
+	if _, err := kv.Update(ctx, events.StateLeaderKey(ns), b, rev); err != nil {
+		w.log.Info("state bucket: leader entry not marked ended (another leader wrote it, or NATS is not reachable)", "error", err)
+		return
+	}
+	w.log.Info("state bucket: leader entry marked ended")
+}
+
+// keepHistory is st, the scheduler's view, with what it does not know yet
+// taken from h, an earlier leader's entry: the last good sync and its
+// worker while st has none as recent, the last outcome and error while st
+// has no result. Rotation, intervals and failed fetches are the
+// scheduler's own.
+func keepHistory(h, st events.InstanceState) events.InstanceState {
+	if h.LastGoodSync.After(st.LastGoodSync) {
+		st.LastGoodSync, st.Worker = h.LastGoodSync, h.Worker
+	}
+	if st.Worker == "" {
+		st.Worker = h.Worker
+	}
+	if st.LastOutcome == "" {
+		st.LastOutcome, st.LastError = h.LastOutcome, h.LastError
+	}
+	return st
 }
 
 // changed reports whether st must be written over old (written at

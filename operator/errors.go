@@ -59,9 +59,10 @@ func ErrorFilters(subj events.Subjects, kinds []string) ([]string, error) {
 }
 
 // TailErrors prints the error events cfg selects, through an ordered
-// consumer (it creates no durable state). It never creates the stream: while
-// MAT_ERRORS does not exist it waits (Follow) or returns an error (not
-// Follow). It returns nil when ctx ends or the backlog is printed, and an
+// consumer (no durable state: it is deleted on return, or by the server
+// consumerInactive after a reader that died). It never creates the
+// stream: while MAT_ERRORS does not exist it waits (Follow) or returns an
+// error (not Follow). It returns nil when ctx ends or the backlog is printed, and an
 // error wrapping the JetStream error when the stream cannot be read.
 func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
 	filters, err := ErrorFilters(cfg.Bus.Subjects, cfg.Kinds)
@@ -72,7 +73,7 @@ func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
 		return errors.New("--follow=false needs --since")
 	}
 	stream := cfg.Bus.StreamName("ERRORS")
-	occ := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy}
+	occ := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, InactiveThreshold: consumerInactive}
 	if cfg.Since > 0 {
 		start := time.Now().Add(-cfg.Since)
 		occ.DeliverPolicy, occ.OptStartTime = jetstream.DeliverByStartTimePolicy, &start
@@ -97,6 +98,7 @@ func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
 			return nil
 		}
 	}
+	defer deleteOrdered(ctx, cfg.Bus.JS, stream, cons)
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("read error events: %w", err)

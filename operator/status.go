@@ -95,9 +95,14 @@ type Summary struct {
 	Consumers []ConsumerStatus `json:"consumers"`
 	// Leader is the discovery leader's entry of the state bucket; nil when
 	// none. LeaderStale is true when it is older than three refreshes
-	// (events.StateRefresh): no publisher has written it since.
+	// (events.StateRefresh): no publisher has written it since. An entry
+	// with Ended set is of a leader that stepped down then.
 	Leader      *events.LeaderState `json:"leader"`
 	LeaderStale bool                `json:"leader_stale,omitempty"`
+	// StateStale is true when no leader is known to run (no leader entry,
+	// or it is stale or ended): the rows' rotation and intervals are the
+	// last a leader wrote, not the current scheduling.
+	StateStale bool `json:"state_stale,omitempty"`
 	// Unknown lists the parts that could not be read, and why.
 	Unknown []string `json:"unknown,omitempty"`
 }
@@ -146,6 +151,7 @@ func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 	}
 	sum.Leader = leader
 	sum.LeaderStale = leader != nil && st.Time.Sub(leader.Updated) > 3*events.StateRefresh
+	sum.StateStale = leader == nil || sum.LeaderStale || !leader.Ended.IsZero()
 	errs, err := lastErrors(ctx, bus, ns, cfg.ErrorsSince)
 	if err != nil {
 		sum.Unknown = append(sum.Unknown, "errors: "+err.Error())
@@ -207,10 +213,12 @@ func lastErrors(ctx context.Context, bus *events.Bus, ns string, since time.Dura
 	}
 	start := time.Now().Add(-since)
 	cons, err := bus.JS.OrderedConsumer(ctx, bus.StreamName("ERRORS"), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{bus.Subjects.Errors()}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start})
+		FilterSubjects: []string{bus.Subjects.Errors()}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
+		InactiveThreshold: consumerInactive})
 	if err != nil {
 		return nil, fmt.Errorf("read the error stream: %w", err)
 	}
+	defer deleteOrdered(ctx, bus.JS, bus.StreamName("ERRORS"), cons)
 	out := map[string]ErrorSummary{}
 	pending := cons.CachedInfo().NumPending
 	if pending == 0 {
@@ -298,16 +306,26 @@ func WriteStatusJSON(w io.Writer, st *Status) error { return writeJSON(w, st, "s
 // WriteStatusText writes st as a table, one row per instance (INSTANCE,
 // URL, ROTATION with the poll or probe interval, LAST SYNC age, SERVICES
 // as BMC/NVOS, LAST ERROR kind and age, WORKER, PUBLISHED), "-" for what
-// is unknown, then the summary lines.
+// is unknown, then the summary lines. With Summary.StateStale (no leader
+// running) ROTATION is "?" with the last value written ("? (was in)");
+// LAST SYNC and WORKER, being history, stay. A stale leader entry is
+// shown with its age, an ended one as "no discovery leader (last: X,
+// stepped down <age> ago)"; the leading time counts up only for a live
+// leader.
 func WriteStatusText(w io.Writer, st *Status) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tURL\tROTATION\tLAST SYNC\tSERVICES (BMC/NVOS)\tLAST ERROR\tWORKER\tPUBLISHED")
 	for _, r := range st.Rows {
 		rot, last, worker := "-", "-", "-"
 		if s := r.State; s != nil {
-			if s.InRotation {
+			switch {
+			case st.Summary.StateStale && s.InRotation:
+				rot = "? (was in)"
+			case st.Summary.StateStale:
+				rot = fmt.Sprintf("? (was OUT, %d failed)", s.FailedFetches)
+			case s.InRotation:
 				rot = "in (poll " + ms(s.PollIntervalMS) + ")"
-			} else {
+			default:
 				rot = fmt.Sprintf("OUT (probe %s, %d failed)", ms(s.ProbeIntervalMS), s.FailedFetches)
 			}
 			if !s.LastGoodSync.IsZero() {
@@ -348,18 +366,40 @@ func WriteStatusText(w io.Writer, st *Status) error {
 	if len(cons) == 0 {
 		cons = []string{"consumers unknown"}
 	}
-	leader := "none"
-	if l := s.Leader; l != nil {
-		leader = fmt.Sprintf("%s (leading %s, written %s ago)", l.Identity, age(st.Time, l.Since), age(st.Time, l.Updated))
-		if s.LeaderStale {
-			leader += " STALE"
-		}
+	leader := "no discovery leader"
+	switch l := s.Leader; {
+	case l == nil:
+	case !l.Ended.IsZero():
+		leader = fmt.Sprintf("no discovery leader (last: %s, stepped down %s ago after leading %s)", l.Identity, age(st.Time, l.Ended), age(l.Ended, l.Since))
+	case s.LeaderStale:
+		leader = fmt.Sprintf("discovery leader %s STALE (written %s ago, leading %s then)", l.Identity, age(st.Time, l.Updated), age(l.Updated, l.Since))
+	default:
+		leader = fmt.Sprintf("discovery leader %s (leading %s, written %s ago)", l.Identity, age(st.Time, l.Since), age(st.Time, l.Updated))
 	}
-	fmt.Fprintf(w, "\n%d instances, %s Services; %s; discovery leader %s\n", s.Instances, svc, strings.Join(cons, "; "), leader)
+	fmt.Fprintf(w, "\n%d instances, %s Services; %s; %s\n", s.Instances, svc, strings.Join(cons, "; "), leader)
 	for _, u := range s.Unknown {
 		fmt.Fprintf(w, "unknown: %s\n", u)
 	}
 	return nil
+}
+
+// consumerInactive is the InactiveThreshold of the ordered consumers that
+// status and TailErrors read the error stream with (nats.go's default is
+// 5 min): one left behind by a killed reader goes after it. An idle
+// TailErrors --follow keeps its consumer: its waiting pull requests count
+// as activity.
+var consumerInactive = 10 * time.Second
+
+// deleteOrdered deletes the current consumer of the ordered consumer cons
+// of stream, within 2 s even once ctx has ended.
+func deleteOrdered(ctx context.Context, js jetstream.JetStream, stream string, cons jetstream.Consumer) {
+	info := cons.CachedInfo()
+	if info == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	_ = js.DeleteConsumer(ctx, stream, info.Name)
 }
 
 // ms renders a millisecond count as a duration ("1s", "8s", "250ms").

@@ -2,16 +2,20 @@ package operator
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/testenv"
 )
 
 // TestWriteStatusText: what is unknown is "-" and named on an unknown:
 // line; an instance the sources API does not list says NO; a leader entry
-// older than three refreshes is STALE; Services unknown is said in the
+// older than three refreshes is STALE, with its age and no leading time
+// counting up, and the rows' rotation "?"; Services unknown is said in the
 // summary.
 func TestWriteStatusText(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -23,7 +27,7 @@ func TestWriteStatusText(t *testing.T) {
 		{Instance: "ns.b", URL: "https://b:1266"},
 	}, Summary: Summary{Instances: 2, Services: -1,
 		Leader:      &events.LeaderState{Identity: "discovery/p", Since: now.Add(-time.Hour), Updated: now.Add(-time.Minute)},
-		LeaderStale: true, Unknown: []string{"Services: no kubeconfig", "sources API: connection refused"}}}
+		LeaderStale: true, StateStale: true, Unknown: []string{"Services: no kubeconfig", "sources API: connection refused"}}}
 	var b bytes.Buffer
 	if err := WriteStatusText(&b, st); err != nil {
 		t.Fatal(err)
@@ -33,9 +37,9 @@ func TestWriteStatusText(t *testing.T) {
 		line int
 		has  []string
 	}{
-		{1, []string{"ns.a", "OUT (probe 8s, 6 failed)", "never", "fetch 1m30s ago", "NO"}},
 		{2, []string{"ns.b", "https://b:1266"}},
-		{4, []string{"2 instances, unknown Services; consumers unknown; discovery leader discovery/p (leading 1h0m0s, written 1m0s ago) STALE"}},
+		{1, []string{"ns.a", "? (was OUT, 6 failed)", "never", "fetch 1m30s ago", "NO"}},
+		{4, []string{"2 instances, unknown Services; consumers unknown; discovery leader discovery/p STALE (written 1m0s ago, leading 59m0s then)"}},
 		{5, []string{"unknown: Services: no kubeconfig"}},
 		{6, []string{"unknown: sources API: connection refused"}},
 	}
@@ -52,4 +56,150 @@ func TestWriteStatusText(t *testing.T) {
 	if f := strings.Fields(lines[2]); len(f) != 8 || f[2] != "-" || f[3] != "-" || f[4] != "-" || f[5] != "-" || f[6] != "-" || f[7] != "-" {
 		t.Errorf("an instance without state, Services, error or sources answer: %q, want - in every column after the URL", lines[2])
 	}
+}
+
+// TestWriteStatusTextLeaders: a live leader's rows show their rotation and
+// the leading time; a leader that stepped down is "no discovery leader"
+// with its identity and the age of its step-down, and the rows' rotation
+// is "?" with the last value, their last sync and worker kept.
+func TestWriteStatusTextLeaders(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	row := StatusRow{Instance: "ns.a", URL: "https://a:1266", State: &events.InstanceState{Key: "ns.a", InRotation: true,
+		PollIntervalMS: 1000, LastGoodSync: now.Add(-5 * time.Minute), Worker: "w1"}}
+	for _, c := range []struct {
+		name      string
+		sum       Summary
+		row, last string
+	}{
+		{"live", Summary{Leader: &events.LeaderState{Identity: "discovery/vm", Since: now.Add(-time.Hour), Updated: now.Add(-2 * time.Second)}},
+			"in (poll 1s)", "discovery leader discovery/vm (leading 1h0m0s, written 2s ago)"},
+		{"stepped down", Summary{StateStale: true, Leader: &events.LeaderState{Identity: "discovery/vm", Since: now.Add(-time.Hour),
+			Updated: now.Add(-3 * time.Minute), Ended: now.Add(-3 * time.Minute)}},
+			"? (was in)", "no discovery leader (last: discovery/vm, stepped down 3m0s ago after leading 57m0s)"},
+		{"none", Summary{StateStale: true}, "? (was in)", "; no discovery leader"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := WriteStatusText(&b, &Status{Time: now, Namespace: "ns", Rows: []StatusRow{row}, Summary: c.sum}); err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+			if len(lines) != 4 || !strings.Contains(lines[1], c.row) || !strings.Contains(lines[1], "5m0s ago") || !strings.Contains(lines[1], " w1 ") ||
+				!strings.HasSuffix(lines[3], c.last) {
+				t.Errorf("want the row with %q, last sync 5m0s ago, worker w1, and the summary ending %q:\n%s", c.row, c.last, b.String())
+			}
+		})
+	}
+}
+
+// TestWriteStatusJSONNewline: the JSON document ends with a newline.
+func TestWriteStatusJSONNewline(t *testing.T) {
+	var b bytes.Buffer
+	if err := WriteStatusJSON(&b, &Status{Namespace: "ns"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := b.String(); !strings.HasSuffix(s, "}\n") || strings.HasSuffix(s, "\n\n") {
+		t.Errorf("status JSON does not end with exactly one newline: %q", s[max(len(s)-10, 0):])
+	}
+}
+
+// errorConsumers returns the number of consumers of bus's error stream.
+func errorConsumers(t *testing.T, bus *events.Bus) (int, string) {
+	t.Helper()
+	s, err := bus.JS.Stream(context.Background(), bus.StreamName("ERRORS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		return -1, err.Error()
+	}
+	return info.State.Consumers, fmt.Sprint(info.State.Consumers, " consumers")
+}
+
+// TestStatusLeavesNoConsumer: ReadStatus reads the error stream with an
+// ordered consumer that is gone once it returns; a stepped-down leader's
+// entry makes the state stale.
+func TestStatusLeavesNoConsumer(t *testing.T) {
+	defer func(d time.Duration) { consumerInactive = d }(consumerInactive)
+	consumerInactive = time.Second
+	ctx := context.Background()
+	bus, err := events.New(testenv.NATS(t), events.Config{Namespace: "ns", Memory: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.Publish(ctx, bus.Subjects.Error(events.ErrorFetch), events.TypeError, "e1",
+		events.Error{Kind: events.ErrorFetch, Instance: "ns.a", Message: "HTTP 500"}); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := bus.EnsureState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if _, err := kv.Put(ctx, events.StateLeaderKey("ns"), fmt.Appendf(nil, `{"identity":"discovery/vm","since":%q,"updated":%q,"ended":%q}`,
+		now.Add(-time.Minute).Format(time.RFC3339Nano), now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := errorConsumers(t, bus)
+	st, err := ReadStatus(ctx, StatusConfig{Bus: bus})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := st.Summary.Leader; l == nil || l.Ended.IsZero() || !st.Summary.StateStale || st.Summary.LeaderStale {
+		t.Errorf("summary %+v: want the ended leader entry and state_stale", st.Summary)
+	}
+	testenv.Wait(t, 5*time.Second, fmt.Sprintf("the error stream's consumers back to %d", before), func() (bool, string) {
+		n, s := errorConsumers(t, bus)
+		return n == before, s
+	})
+}
+
+// TestTailErrorsIdleKeepsConsumer: an idle TailErrors --follow keeps its
+// ordered consumer beyond the inactive threshold (its waiting pull
+// requests are activity) and still prints a later event; its consumer is
+// gone once it returns.
+func TestTailErrorsIdleKeepsConsumer(t *testing.T) {
+	defer func(d time.Duration) { consumerInactive = d }(consumerInactive)
+	consumerInactive = time.Second
+	ctx := context.Background()
+	bus, err := events.New(testenv.NATS(t), events.Config{Namespace: "ns", Memory: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var out, notes testenv.Buffer
+	tctx, cancel := context.WithCancel(ctx)
+	reading := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- TailErrors(tctx, ErrorsConfig{Bus: bus, Follow: true, Out: &out, Notes: &notes, Reading: func() { close(reading) }})
+	}()
+	defer func() { cancel(); <-done }()
+	<-reading
+	time.Sleep(3 * consumerInactive)
+	if n, s := errorConsumers(t, bus); n != 1 {
+		t.Fatalf("after %v idle: %s, want the follower's one", 3*consumerInactive, s)
+	}
+	if err := bus.Publish(ctx, bus.Subjects.Error(events.ErrorFetch), events.TypeError, "e1",
+		events.Error{Kind: events.ErrorFetch, Instance: "ns.a", Message: "HTTP 500"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Wait(t, 5*time.Second, "the event printed", func() (bool, string) {
+		return strings.Contains(out.String(), "HTTP 500"), out.String()
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("TailErrors: %v", err)
+	}
+	done <- nil
+	testenv.Wait(t, 5*time.Second, "no consumer left", func() (bool, string) {
+		n, s := errorConsumers(t, bus)
+		return n == 0, s
+	})
 }
