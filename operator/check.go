@@ -98,7 +98,8 @@ type checker struct {
 func (c *checker) add(name string, r CheckResult, format string, args ...any) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.rows = append(c.rows, CheckRow{Name: name, Result: r, Detail: fmt.Sprintf(format, args...)})
+	// No detail shows the user info of a URL, parsable or not (an error may quote one).
+	c.rows = append(c.rows, CheckRow{Name: name, Result: r, Detail: redact.StripUserInfo(fmt.Sprintf(format, args...))})
 }
 
 // Check runs the pre-flight checks in order: NATS and JetStream (and
@@ -147,6 +148,13 @@ func WriteCheckTable(w io.Writer, rows []CheckRow) int {
 // checkNATS connects once (no retry) and asks for the JetStream account.
 func (c *checker) checkNATS(ctx context.Context) {
 	url := redact.StripUserInfo(c.cfg.NATSURL)
+	for _, u := range strings.Split(c.cfg.NATSURL, ",") {
+		// nats.go's parse error would quote the URL and a bad escape of its password.
+		if _, err := redact.ParseURL(strings.TrimSpace(u)); err != nil {
+			c.add("NATS", CheckFail, "invalid URL %v", err)
+			return
+		}
+	}
 	nc, err := c.cfg.ConnectNATS()
 	if err != nil {
 		c.add("NATS", CheckFail, "%s: %v", url, err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/redact"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -274,21 +275,28 @@ func sourceNames(ctx context.Context, c *http.Client, base string) (map[string]b
 	if c == nil {
 		c = &http.Client{Timeout: 5 * time.Second}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+discovery.SourcesPath, nil)
+	// Errors name the URL without its user info and never quote a piece of
+	// an unparsable one (redact.ParseURL).
+	raw := strings.TrimSuffix(base, "/") + discovery.SourcesPath
+	if _, err := redact.ParseURL(raw); err != nil {
+		return nil, fmt.Errorf("invalid URL %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, raw, nil)
 	if err != nil {
-		return nil, err
+		return nil, errors.New(redact.StripUserInfo(err.Error()))
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, errors.New(redact.StripUserInfo(err.Error()))
 	}
 	defer resp.Body.Close()
+	shown := redact.StripUserInfo(req.URL.Redacted())
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", req.URL, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", shown, resp.Status)
 	}
 	var doc discovery.Sources
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&doc); err != nil {
-		return nil, fmt.Errorf("GET %s: %w", req.URL, err)
+		return nil, fmt.Errorf("GET %s: %w", shown, err)
 	}
 	if !doc.Ready {
 		return nil, errors.New("not ready (no discovery pass yet)")

@@ -77,8 +77,22 @@ func (o *natsOpts) validate() error {
 	}
 	for _, u := range strings.Split(o.url, ",") {
 		if !strings.HasPrefix(strings.TrimSpace(u), "nats://") && !strings.HasPrefix(strings.TrimSpace(u), "tls://") {
-			return fmt.Errorf("%w: --nats-url %q: want nats://host:port or tls://host:port", errUsage, u)
+			return fmt.Errorf("%w: --nats-url %q: want nats://host:port or tls://host:port", errUsage, redact.StripUserInfo(u))
 		}
+		if err := validURL("--nats-url", strings.TrimSpace(u)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validURL is the usage error of a URL flag net/url cannot parse; it names
+// the URL without its user info and never quotes a piece of it (a space or
+// bad escape in a password): `invalid --nats-url "nats://***@h:4222":
+// invalid userinfo`.
+func validURL(flagName, raw string) error {
+	if _, err := redact.ParseURL(raw); err != nil {
+		return fmt.Errorf("%w: invalid %s %v", errUsage, flagName, err)
 	}
 	return nil
 }

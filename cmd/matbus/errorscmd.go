@@ -29,7 +29,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		return usageErr(err)
 	}
 	if err := n.validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
+		return err // a usage error already
 	}
 	if since < 0 {
 		return fmt.Errorf("%w: --since must not be negative", errUsage)

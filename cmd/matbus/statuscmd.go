@@ -36,7 +36,13 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	durationVar(fs, &since, "errors-since", time.Hour, "how far back the error stream is read for each instance's last error")
 	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all reads together may take")
 	validOutput := outputFlag(fs, &output)
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, validOutput); err != nil {
+	validSources := func() error {
+		if sourcesURL == "" {
+			return nil
+		}
+		return validURL("--sources-url", sourcesURL)
+	}
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, validOutput, validSources); err != nil {
 		return err
 	}
 	log, err := l.logger(e.stderr)

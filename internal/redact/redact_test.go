@@ -175,10 +175,31 @@ func TestStripUserInfo(t *testing.T) {
 		{"quoted in an error", `Get "https://u:p@10.1.2.3:6443/api": dial tcp: refused`, `Get "https://***@10.1.2.3:6443/api": dial tcp: refused`},
 		{"net/http masked password", `Get "https://tok:***@h/x": EOF`, `Get "https://***@h/x": EOF`},
 		{"mail address is not a URL", "mail ops@example.com now", "mail ops@example.com now"},
-		{"url then mail address", "nats://h:1 ops@example.com", "nats://h:1 ops@example.com"},
+		// An '@' after a URL without a path, before the next '/', is taken
+		// for the end of user info: more is hidden, never less.
+		{"url then mail address", "nats://h:1 ops@example.com", "nats://***@example.com"},
+		{"url with path then mail address", "nats://h:1/x ops@example.com", "nats://h:1/x ops@example.com"},
 		{"empty user info", "nats://@h:1", "nats://@h:1"},
 		{"two urls in text", "from nats://a:b@h1:1 to nats://c@h2:2.", "from nats://***@h1:1 to nats://***@h2:2."},
 		{"empty", "", ""},
+		// URLs net/url rejects: the rule is textual.
+		{"space in password", "nats://bob:s3cret PW@127.0.0.1:4222", "nats://***@127.0.0.1:4222"},
+		{"spaces around", "url nats://bob:a b c@h:1 and more", "url nats://***@h:1 and more"},
+		{"bad escape in password", "nats://bob:s3%zzcret@h:1", "nats://***@h:1"},
+		{"colon, percent and at in password", "nats://bob:a:b%@c@d e@h:1/p", "nats://***@h:1/p"},
+		{"quote in password", `nats://bob:pa"ss@h:1`, "nats://***@h:1"},
+		{"go parse error", `parse "nats://bob:s3cret PW@127.0.0.1:4222": net/url: invalid userinfo`,
+			`parse "nats://***@127.0.0.1:4222": net/url: invalid userinfo`},
+		{"go parse error, bad escape", `parse "nats://bob:s3%zzcret@127.0.0.1:1": invalid URL escape "%zz"`,
+			`parse "nats://***@127.0.0.1:1": invalid URL escape "%zz"`},
+		{"parse error after the url", `connect to NATS at nats://bob:s3cret PW@h:1: parse "nats://bob:s3cret PW@h:1": net/url: invalid userinfo`,
+			`connect to NATS at nats://***@h:1: parse "nats://***@h:1": net/url: invalid userinfo`},
+		{"unparsable list", "nats://a:p w@h1:1,nats://c:q%zz@h2:2, nats://h3:3", "nats://***@h1:1,nats://***@h2:2, nats://h3:3"},
+		{"go-quoted space", `"http://u:pw 9@127.0.0.1:1/v1/sources"`, `"http://***@127.0.0.1:1/v1/sources"`},
+		{"scheme text without at", "see https://example.com/a and ftp://h:21 now", "see https://example.com/a and ftp://h:21 now"},
+		{"scheme text, at in path", "see https://example.com/a@b", "see https://example.com/a@b"},
+		{"line break ends", "nats://h:1\nmail ops@example.com", "nats://h:1\nmail ops@example.com"},
+		{"idempotent", "nats://***@h:1", "nats://***@h:1"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -186,5 +207,45 @@ func TestStripUserInfo(t *testing.T) {
 				t.Fatalf("StripUserInfo(%q) = %q, want %q", c.in, got, c.want)
 			}
 		})
+	}
+}
+
+func TestParseURLUserInfo(t *testing.T) {
+	cases := []struct{ in, want, secret string }{
+		{"nats://bob:s3cret PW@127.0.0.1:4222", `"nats://***@127.0.0.1:4222": invalid userinfo`, "s3cret"},
+		{"nats://bob:s3%zzcret@127.0.0.1:1", `"nats://***@127.0.0.1:1": invalid URL escape`, "zz"},
+		{"http://u:pw 9@127.0.0.1:1", `"http://***@127.0.0.1:1": invalid userinfo`, "pw 9"},
+		{"nats://svc:pw@nats.example:bad", `"nats://***@nats.example:bad": invalid port after host`, "pw"},
+		{"nats://bob:pa/ss@h:1", `"nats://***@h:1": invalid port after host`, "pa/"},
+		{"nats://h o:1", `"nats://h o:1": invalid character in host name`, `" "`},
+	}
+	for _, c := range cases {
+		_, err := ParseURL(c.in)
+		if err == nil || err.Error() != c.want || strings.Contains(err.Error(), c.secret) {
+			t.Errorf("ParseURL(%q) = %v, want %s", c.in, err, c.want)
+		}
+	}
+	if u, err := ParseURL("nats://u:p@h:1"); err != nil || u.Host != "h:1" {
+		t.Errorf("ParseURL of a good URL: %v, %v", u, err)
+	}
+}
+
+func TestFlagSecretsUnparsableURL(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.String("nats-url", "", "")
+	fs.String("sources-url", "", "")
+	if err := fs.Parse([]string{"--nats-url", "nats://bob:s3cret PW@h:1,nats://al:x%zz/y?z#w@h2:2", "--sources-url", "http://u:pw 9@h:1"}); err != nil {
+		t.Fatal(err)
+	}
+	got := FlagSecrets(fs)
+	for _, want := range []string{"s3cret PW", "x%zz/y?z#w", "pw 9"} {
+		if !slices.Contains(got, want) {
+			t.Errorf("FlagSecrets lacks %q: %q", want, got)
+		}
+	}
+	var buf bytes.Buffer
+	slog.New(NewHandler(slog.NewTextHandler(&buf, nil), New(got))).Info("echo", "pw", "s3cret PW", "err", errors.New(`x%zz/y?z#w and pw 9`))
+	if line := buf.String(); strings.Contains(line, "s3cret") || strings.Contains(line, "zz") || strings.Contains(line, "pw 9") {
+		t.Fatalf("secret logged: %s", line)
 	}
 }

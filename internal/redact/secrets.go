@@ -13,7 +13,7 @@ import (
 const inClusterTokenFile = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 // FlagSecrets returns the secrets that the parsed flags of fs lead to: the
-// password or token in --nats-url, the JWT and seed in the --nats-creds
+// password or token in --nats-url (and --sources-url), parsable or not, the JWT and seed in the --nats-creds
 // file, the contents of the --nats-tls-key file, the tokens and passwords of the --kubeconfig file (and of the token
 // files it names) or, without --kubeconfig, the in-cluster service account
 // token. A flag fs lacks, or a file that cannot be read, adds nothing (the
@@ -28,6 +28,9 @@ func FlagSecrets(fs *flag.FlagSet) []string {
 	}
 	var out []string
 	if v, ok := val("nats-url"); ok {
+		out = append(out, urlSecrets(v)...)
+	}
+	if v, ok := val("sources-url"); ok {
 		out = append(out, urlSecrets(v)...)
 	}
 	if v, ok := val("nats-creds"); ok && v != "" {
@@ -61,16 +64,23 @@ func keySecrets(path string) []string {
 }
 
 // urlSecrets returns the password (or, without one, the token: the user
-// name) of each URL in a comma-separated list, as written and unescaped.
+// name) of each URL in a comma-separated list, as written and unescaped,
+// also of a URL net/url cannot parse (a space or bad escape in the
+// password): the text between "://" (and the user name's ':') and the last '@'.
 func urlSecrets(list string) []string {
 	var out []string
 	for _, u := range strings.Split(list, ",") {
-		_, rest, ok := strings.Cut(strings.TrimSpace(u), "://")
+		u = strings.TrimSpace(u)
+		_, rest, ok := strings.Cut(u, "://")
 		if !ok {
 			continue
 		}
-		if i := strings.IndexAny(rest, "/?#"); i >= 0 {
-			rest = rest[:i]
+		// A URL net/url rejects may hold '/', '?' or '#' in its password:
+		// its user info ends at its last '@'.
+		if _, err := url.Parse(u); err == nil || strings.LastIndexByte(rest, '@') < 0 {
+			if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+				rest = rest[:i]
+			}
 		}
 		at := strings.LastIndexByte(rest, '@')
 		if at <= 0 {
