@@ -6,7 +6,7 @@ export MATBUS_BIN_DIR := $(CURDIR)/.bin
 ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all build tools run test lint unit fuzz fuzz-long bench bench-e2e clean deploy-check faulttest faulttest-long compose-e2e
+.PHONY: all build tools run test lint unit fuzz fuzz-long bench bench-e2e clean deploy-check faulttest faulttest-long compose-e2e kube-e2e
 
 all: build
 
@@ -87,3 +87,12 @@ deploy-check: tools
 ## engine and restores the host (docs/adr/0011-compose-e2e.md). CI runs it.
 compose-e2e: tools
 	bash hack/compose-e2e.sh
+
+## kube-e2e: the Helm chart on a real single-node cluster, as root: builds
+## kubelet, kube-controller-manager, kube-scheduler, kube-proxy and CoreDNS
+## from Go modules, runs Debian's containerd, runc and CNI plugins privately,
+## builds the images locally, installs the chart and runs the scenario in
+## deploytest/kubee2e, then removes everything it made
+## (docs/adr/0021-kube-e2e-node.md). CI runs it.
+kube-e2e: tools
+	bash hack/kube-e2e.sh

@@ -37,3 +37,12 @@ CGO_ENABLED=0 build_module_tools tools/k8s k8s "etcd=./etcd" "etcdctl=go.etcd.io
 GOFLAGS="-buildvcs=false -ldflags=-X=helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37" build_module_tools tools/helm helm "helm=helm.sh/helm/v3/cmd/helm"
 # nats-server (a separate process for the fault tests in faulttest/), from the version in the project's go.mod.
 CGO_ENABLED=0 build_module_tools . nats "nats-server=github.com/nats-io/nats-server/v2"
+# The rest of a node for `make kube-e2e` (hack/kube-e2e.sh, docs/adr/0021-kube-e2e-node.md), only when asked
+# (`hack/tools.sh node`): the same Kubernetes module as kube-apiserver, so the versions match (no skew).
+if [ "${1:-}" = node ]; then
+	CGO_ENABLED=0 build_module_tools tools/k8s k8s-node "kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager" "kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler" "kubelet=k8s.io/kubernetes/cmd/kubelet"
+fi
+# The node's image builder and pause program (tools/image).
+if [ "${1:-}" = node ]; then
+	CGO_ENABLED=0 build_module_tools tools/image image "ociimage=." "pause=./pause"
+fi

@@ -1,0 +1,14 @@
+// Tools module: the image builder and the pause program of `make kube-e2e`
+// (hack/kube-e2e.sh). A module of its own so that go-containerregistry never
+// enters the project's go.mod.
+module github.com/matbus/matbus/tools/image
+
+go 1.26.0
+
+require github.com/google/go-containerregistry v0.22.1
+
+require (
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+)
