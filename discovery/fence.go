@@ -189,6 +189,9 @@ type fencedLock struct {
 	// floor, when set, gives the lowest term a Lease this process creates
 	// may start at (see LeaderConfig.Bus).
 	floor func(ctx context.Context) (int, error)
+	// owner, when set, puts the owner reference on the Lease (see
+	// LeaderConfig.OwnerDeployment).
+	owner *leaseOwner
 
 	mu     sync.Mutex
 	holder string // the holder of the last Lease read
@@ -256,6 +259,12 @@ func (l *fencedLock) write(ctx context.Context, rec resourcelock.LeaderElectionR
 		return err
 	}
 	l.term.observed(sent, rec)
+	if l.owner != nil && l.owner.ensure(ctx) {
+		// The lock's cached Lease is older than the owner's write: read it
+		// again, so the next renew is not refused as a conflict (if this
+		// read fails, that renew falls back to client-go's get and update).
+		_, _, _ = l.Interface.Get(ctx)
+	}
 	return nil
 }
 

@@ -27,6 +27,14 @@ type LeaderConfig struct {
 	// LeaseDuration − RenewDeadline (5 s with the defaults), at most half
 	// the LeaseDuration.
 	Margin time.Duration
+	// OwnerDeployment, when set, names the Deployment (in Namespace) that
+	// owns the Lease: a Lease this process creates, or holds without that
+	// owner, gets an owner reference to it (apps/v1 Deployment, its UID read
+	// when the Lease is written), so deleting the Deployment (helm
+	// uninstall) lets the garbage collector delete the Lease. A Deployment
+	// that cannot be read is logged and the Lease is written without owner:
+	// leading matters more than clean-up.
+	OwnerDeployment string
 	// Bus, when set, is read when this process creates the Lease (none
 	// exists, e.g. it was deleted): the first term starts one above the
 	// newest term of the Lease on the instances stream, so workers that
@@ -66,6 +74,11 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 		LeaseMeta:  metav1ObjectMeta(cfg.Namespace, cfg.LeaseName),
 		Client:     kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: cfg.Identity},
+		Labels:     leaseLabels,
+	}
+	var owner *leaseOwner
+	if cfg.OwnerDeployment != "" {
+		owner = &leaseOwner{kube: kube, namespace: cfg.Namespace, lease: cfg.LeaseName, deployment: cfg.OwnerDeployment, log: log}
 	}
 	var floor func(context.Context) (int, error)
 	if cfg.Bus != nil {
@@ -77,7 +90,7 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 		term := newTerm(clock.RealClock{}, cfg.Namespace+"/"+cfg.LeaseName, cfg.Identity, cfg.LeaseDuration, cfg.Margin, log, stop)
 		led := make(chan struct{}) // closed when lead has returned
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: &fencedLock{Interface: lease, term: term, floor: floor}, LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline,
+			Lock: &fencedLock{Interface: lease, term: term, floor: floor, owner: owner}, LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline,
 			RetryPeriod: cfg.RetryPeriod, ReleaseOnCancel: true, Name: cfg.LeaseName,
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(ctx context.Context) {

@@ -29,6 +29,7 @@ type discoveryOpts struct {
 	staticFile, staticName           string
 	interval, poll, probeMax         time.Duration
 	leaderElect                      bool
+	leaseOwner                       string
 	leaseName, leaseNamespace, ident string
 	leaseDuration, renewDeadline     time.Duration
 	retryPeriod                      time.Duration
@@ -52,6 +53,7 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "campaign for a Lease so only one publisher runs at a time (needs the Kubernetes API)")
 	fs.StringVar(&o.leaseName, "lease-name", "matbus-discovery", "name of the leader-election Lease")
 	fs.StringVar(&o.leaseNamespace, "lease-namespace", "", "namespace of the Lease (default: --namespace)")
+	fs.StringVar(&o.leaseOwner, "lease-owner-deployment", "", "Deployment (in the Lease's namespace) that owns the Lease: the Lease gets an owner reference to it, so deleting the Deployment (helm uninstall) deletes the Lease; empty: no owner (needs get on apps/v1 deployments)")
 	fs.StringVar(&o.ident, "identity", "", "leader-election identity (default: $POD_NAME or the host name)")
 	durationVar(fs, &o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease is valid without renewal")
 	durationVar(fs, &o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before giving up")
@@ -267,7 +269,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		leaseNS = namespace
 	}
 	var leadErr error
-	err = discovery.RunLeaderElected(ctx, kube, discovery.LeaderConfig{Namespace: leaseNS, LeaseName: o.leaseName, Identity: ident,
+	err = discovery.RunLeaderElected(ctx, kube, discovery.LeaderConfig{Namespace: leaseNS, LeaseName: o.leaseName, Identity: ident, OwnerDeployment: o.leaseOwner,
 		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod, Bus: bus}, log,
 		func(lctx context.Context) {
 			if err := lead(lctx); err != nil && !errors.Is(err, context.Canceled) {
