@@ -45,4 +45,9 @@ fi
 # The node's image builder and pause program (tools/image).
 if [ "${1:-}" = node ]; then
 	CGO_ENABLED=0 build_module_tools tools/image image "ociimage=." "pause=./pause"
+	# kube-proxy (the node's Service routing) and kubectl (the script's waits, checks and failure dumps), of the same
+	# module; a stamp of their own, so adding them rebuilt nothing above.
+	CGO_ENABLED=0 build_module_tools tools/k8s k8s-proxy "kube-proxy=k8s.io/kubernetes/cmd/kube-proxy" "kubectl=k8s.io/kubernetes/cmd/kubectl"
+	# CoreDNS with the plugins the node needs (tools/coredns/main.go): cluster.local from the API server.
+	CGO_ENABLED=0 build_module_tools tools/coredns coredns "coredns=."
 fi
