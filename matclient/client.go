@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -89,10 +90,17 @@ type Client struct {
 	transport *http.Transport
 	http      *http.Client
 
+	// val is the validator of the last good body (see StatusIfChanged).
+	valMu sync.Mutex
+	val   validator
+
 	closed   atomic.Bool
 	closeCtx context.Context // done when Close is called
 	closeFn  context.CancelFunc
 }
+
+// validator is a strong ETag and the Fingerprint of the body it came with.
+type validator struct{ etag, fingerprint string }
 
 var _ io.Closer = (*Client)(nil)
 
@@ -225,10 +233,11 @@ func (c *Client) StatusURL() string { return c.statusURL }
 // IsTransient tells which of these are worth retrying. Response bodies are
 // always drained (bounded) and closed so the connection is reused.
 func (c *Client) Status(ctx context.Context) (*Status, error) {
-	body, err := c.fetchBody(ctx)
+	resp, err := c.fetchBody(ctx, "")
 	if err != nil {
 		return nil, err
 	}
+	body := resp.body
 	st, err := Decode(body)
 	if err != nil {
 		return nil, &opError{url: c.statusURL, err: err}
@@ -236,11 +245,21 @@ func (c *Client) Status(ctx context.Context) (*Status, error) {
 	return st, nil
 }
 
-// fetchBody GETs the status body (bounded by MaxBodyBytes); see Status
-// for the errors.
-func (c *Client) fetchBody(ctx context.Context) ([]byte, error) {
+// fetched is one status response: a 2xx body and its ETag header, or a
+// 304 Not Modified (notModified, no body).
+type fetched struct {
+	body        []byte
+	etag        string
+	notModified bool
+}
+
+// fetchBody GETs the status body (bounded by MaxBodyBytes), with
+// If-None-Match: ifNoneMatch unless it is ""; see Status for the errors.
+// A 304 to a conditional request is returned as notModified; to a plain
+// one it is an *HTTPError like any other non-2xx code.
+func (c *Client) fetchBody(ctx context.Context, ifNoneMatch string) (fetched, error) {
 	if c.closed.Load() {
-		return nil, &opError{url: c.statusURL, err: ErrClosed}
+		return fetched{}, &opError{url: c.statusURL, err: ErrClosed}
 	}
 	// Cancel the request if the client is closed while it runs, and make
 	// sure a connection that comes back after Close does not linger idle.
@@ -256,20 +275,26 @@ func (c *Client) fetchBody(ctx context.Context) ([]byte, error) {
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.statusURL, nil)
 	if err != nil {
-		return nil, &opError{url: c.statusURL, err: err}
+		return fetched{}, &opError{url: c.statusURL, err: err}
 	}
 	req.Header.Set("Accept", "application/json")
 	req.Header.Set("User-Agent", c.userAgent)
+	if ifNoneMatch != "" {
+		req.Header.Set("If-None-Match", ifNoneMatch)
+	}
 
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, c.netErr(err)
+		return fetched{}, c.netErr(err)
 	}
 	defer drainAndClose(resp.Body)
 
+	if resp.StatusCode == http.StatusNotModified && ifNoneMatch != "" {
+		return fetched{notModified: true, etag: resp.Header.Get("ETag")}, nil
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, errorBodyBytes))
-		return nil, &HTTPError{
+		return fetched{}, &HTTPError{
 			StatusCode: resp.StatusCode,
 			URL:        c.statusURL,
 			Body:       string(snippet),
@@ -277,16 +302,16 @@ func (c *Client) fetchBody(ctx context.Context) ([]byte, error) {
 		}
 	}
 	if resp.ContentLength > c.maxBody {
-		return nil, &opError{url: c.statusURL, err: fmt.Errorf("%w: Content-Length %d exceeds the %d-byte limit", ErrBodyTooLarge, resp.ContentLength, c.maxBody)}
+		return fetched{}, &opError{url: c.statusURL, err: fmt.Errorf("%w: Content-Length %d exceeds the %d-byte limit", ErrBodyTooLarge, resp.ContentLength, c.maxBody)}
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, c.maxBody+1))
 	if err != nil {
-		return nil, c.netErr(fmt.Errorf("reading body: %w", err))
+		return fetched{}, c.netErr(fmt.Errorf("reading body: %w", err))
 	}
 	if int64(len(body)) > c.maxBody {
-		return nil, &opError{url: c.statusURL, err: fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, c.maxBody)}
+		return fetched{}, &opError{url: c.statusURL, err: fmt.Errorf("%w: more than %d bytes", ErrBodyTooLarge, c.maxBody)}
 	}
-	return body, nil
+	return fetched{body: body, etag: resp.Header.Get("ETag")}, nil
 }
 
 // netErr wraps an error of the network phase (request or body read).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 )
 
 // Fingerprint returns "sha256:<hex>" of the whole status body: equal
@@ -23,18 +24,89 @@ func Fingerprint(body []byte) string {
 // body is byte for byte the one fingerprinted as prev: one keep-alive GET
 // and no decoding. Otherwise it returns the decoded status and its
 // fingerprint, or the errors of Status. prev "" never matches.
+//
+// Conditional requests (RFC 9110 §13.1.2): the client remembers the
+// strong ETag that came with the last body that decoded. When prev is
+// that body's fingerprint, the GET carries If-None-Match with that ETag,
+// and a 304 Not Modified answer returns (nil, prev, nil) with no body sent
+// and nothing decoded. In every other case — a MAT that sends no ETag or a
+// weak one, prev "" (a full sync), prev of another body — the request is
+// exactly Status's. A 2xx replaces the remembered ETag (one without an
+// ETag forgets it), and a body that does not decode forgets it. A 304 naming
+// another ETag than the one sent is never taken as "unchanged": the ETag is forgotten and the
+// status fetched again without conditions (a 304 to a plain GET is an
+// *HTTPError, as for Status).
 func (c *Client) StatusIfChanged(ctx context.Context, prev string) (*Status, string, error) {
-	body, err := c.fetchBody(ctx)
-	if err != nil {
-		return nil, "", err
+	p, err := c.PollStatus(ctx, prev)
+	return p.Status, p.Fingerprint, err
+}
+
+// Poll is the answer of PollStatus.
+type Poll struct {
+	// Status is the decoded status; nil when it is unchanged since prev.
+	Status *Status
+	// Fingerprint is the body's Fingerprint (prev when unchanged).
+	Fingerprint string
+	// NotModified reports that MAT's entity tag vouched that the status is
+	// the body the client held: a 304 Not Modified to the If-None-Match
+	// sent, or, for a request without If-None-Match (prev ""), a whole
+	// body with the strong ETag and the Fingerprint of the body before. A
+	// conditional request answered with a whole body is never NotModified,
+	// and neither is any answer of a MAT that sends no strong ETag.
+	NotModified bool
+}
+
+// PollStatus is StatusIfChanged, and it tells in Poll.NotModified whether
+// MAT's entity tag said the status was not modified (the discovery
+// scheduler polls such instances less often, ADR 23).
+func (c *Client) PollStatus(ctx context.Context, prev string) (Poll, error) {
+	c.valMu.Lock()
+	held := c.val
+	c.valMu.Unlock()
+	inm := ""
+	if prev != "" && held.fingerprint == prev {
+		inm = held.etag
 	}
-	fp := Fingerprint(body)
+	resp, err := c.fetchBody(ctx, inm)
+	if err != nil {
+		return Poll{}, err
+	}
+	if resp.notModified {
+		if inm != "" && (resp.etag == "" || resp.etag == inm) {
+			return Poll{Fingerprint: prev, NotModified: true}, nil
+		}
+		// The 304 refers to no body this client holds: ask again plainly.
+		c.remember("", "")
+		held, inm = validator{}, ""
+		if resp, err = c.fetchBody(ctx, ""); err != nil {
+			return Poll{}, err
+		}
+	}
+	fp := Fingerprint(resp.body)
+	same := inm == "" && held.etag != "" && held.etag == resp.etag && held.fingerprint == fp
 	if prev != "" && fp == prev {
-		return nil, fp, nil
+		c.remember(resp.etag, fp)
+		return Poll{Fingerprint: fp, NotModified: same}, nil
 	}
-	st, err := Decode(body)
+	st, err := Decode(resp.body)
 	if err != nil {
-		return nil, "", &opError{url: c.statusURL, err: err}
+		c.remember("", "")
+		return Poll{}, &opError{url: c.statusURL, err: err}
 	}
-	return st, fp, nil
+	c.remember(resp.etag, fp)
+	return Poll{Status: st, Fingerprint: fp, NotModified: same}, nil
+}
+
+// remember keeps etag as the validator of the body fingerprinted fp if it
+// is a strong entity tag (`"…"`), and forgets any validator otherwise. A
+// weak tag (W/"…") promises an equivalent body, not the same bytes, so it
+// cannot vouch for a fingerprint.
+func (c *Client) remember(etag, fp string) {
+	v := validator{}
+	if len(etag) >= 2 && etag[0] == '"' && etag[len(etag)-1] == '"' && !strings.Contains(etag[1:len(etag)-1], `"`) {
+		v = validator{etag: etag, fingerprint: fp}
+	}
+	c.valMu.Lock()
+	c.val = v
+	c.valMu.Unlock()
 }

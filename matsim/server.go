@@ -105,6 +105,12 @@ type Options struct {
 	// EpochID is the v2 epoch_id; "" means the time New was called, in
 	// MAT's format (RFC 3339 UTC with nanoseconds).
 	EpochID string
+	// DisableETag makes the server a MAT without conditional requests:
+	// no ETag header, If-None-Match ignored, and the body rendered anew on
+	// every request. By default a response carries a strong ETag of its
+	// body (rendered once per change and cached), and a GET or HEAD whose
+	// If-None-Match matches it is answered 304 Not Modified without a body.
+	DisableETag bool
 	// Logger receives debug logs (requests, TLS handshake errors); nil
 	// discards them.
 	Logger *slog.Logger
@@ -115,6 +121,7 @@ type Options struct {
 // per Server.
 type Server struct {
 	legacy    bool
+	etags     bool
 	slowDelay time.Duration
 	epochID   string
 	log       *slog.Logger
@@ -127,14 +134,22 @@ type Server struct {
 	fixture     []byte
 	generation  uint64
 	fingerprint string
-	started     bool
-	closed      bool
-	url         string
-	srv         *http.Server
+	// version counts changes of what is served (SetFleet, RemoveDevice,
+	// SetBMCIP); cached holds the body rendered for cachedAt (ETags on).
+	version    uint64
+	cached     rendered
+	cachedAt   uint64
+	cacheValid bool
+	started    bool
+	closed     bool
+	url        string
+	srv        *http.Server
 
-	fault    atomic.Int32
-	requests atomic.Int64
-	conns    atomic.Int64
+	fault       atomic.Int32
+	requests    atomic.Int64
+	notModified atomic.Int64
+	conns       atomic.Int64
+	bytesSent   atomic.Int64
 
 	baseCtx    context.Context // parent of every request context
 	cancelBase context.CancelFunc
@@ -162,6 +177,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		legacy:     opts.Legacy,
+		etags:      !opts.DisableETag,
 		slowDelay:  opts.SlowDelay,
 		epochID:    opts.EpochID,
 		log:        opts.Logger,
@@ -234,6 +250,7 @@ func (s *Server) Start(ctx context.Context, addr string) (string, error) {
 		return "", fmt.Errorf("matsim: listen: %w", err)
 	}
 	s.started = true
+	ln = countingListener{Listener: ln, n: &s.bytesSent}
 	s.srv = &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -353,6 +370,17 @@ func (s *Server) Fault() FaultMode { return FaultMode(s.fault.Load()) }
 // received (faulted ones included).
 func (s *Server) Requests() int64 { return s.requests.Load() }
 
+// NotModified returns how many `GET /machines/status` requests were
+// answered 304 Not Modified (a matching If-None-Match; always 0 with
+// Options.DisableETag).
+func (s *Server) NotModified() int64 { return s.notModified.Load() }
+
+// BytesSent returns how many bytes the server has written to its
+// connections since Start: everything on the wire above TCP (TLS records
+// and handshakes included, /healthz too). It stays 0 for a Server mounted
+// in another server (ServeHTTP).
+func (s *Server) BytesSent() int64 { return s.bytesSent.Load() }
+
 // Connections returns how many TCP connections the server has accepted
 // (counted via http.Server.ConnState). A client that reuses connections
 // keeps this at 1.
@@ -430,6 +458,7 @@ func (s *Server) SetFleet(f *Fleet) error {
 		s.generation = 1
 	}
 	s.fleet, s.fixture = c, nil
+	s.version++
 	return nil
 }
 
@@ -472,6 +501,7 @@ func (s *Server) update(matID string, fn func(ms []matclient.Device, i int) []ma
 		if f.Machines[i].MatID == matID {
 			f.Machines = fn(f.Machines, i)
 			s.fleet = f
+			s.version++
 			return nil
 		}
 		h := &f.Machines[i]
@@ -482,6 +512,7 @@ func (s *Server) update(matID string, fn func(ms []matclient.Device, i int) []ma
 					h.DPUs = nil
 				}
 				s.fleet = f
+				s.version++
 				return nil
 			}
 		}
@@ -489,18 +520,41 @@ func (s *Server) update(matID string, fn func(ms []matclient.Device, i int) []ma
 	return fmt.Errorf("%w: %q", ErrUnknownDevice, matID)
 }
 
-// body renders the current status, bumping the generation like MAT does.
-func (s *Server) body() ([]byte, error) {
+// rendered is a status body and its entity tag ("" with ETags off).
+type rendered struct {
+	body []byte
+	etag string
+}
+
+// body returns the current status, bumping the generation like MAT does.
+// With ETags on, a body is rendered and tagged once per version and then
+// served from the cache: what is served changes only through the setters,
+// which bump the version, so the generation rule sees every change.
+func (s *Server) body() (rendered, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.etags && s.cacheValid && s.cachedAt == s.version {
+		return s.cached, nil
+	}
+	var r rendered
 	if s.fleet == nil {
-		return s.fixture, nil
+		r.body = s.fixture
+	} else {
+		if fp := fingerprint(s.fleet.Machines); fp != s.fingerprint {
+			s.fingerprint = fp
+			s.generation++
+		}
+		b, err := s.fleet.Encode(s.epochID, s.generation, s.legacy)
+		if err != nil {
+			return rendered{}, err
+		}
+		r.body = b
 	}
-	if fp := fingerprint(s.fleet.Machines); fp != s.fingerprint {
-		s.fingerprint = fp
-		s.generation++
+	if s.etags {
+		r.etag = etagOf(r.body)
+		s.cached, s.cachedAt, s.cacheValid = r, s.version, true
 	}
-	return s.fleet.Encode(s.epochID, s.generation, s.legacy)
+	return r, nil
 }
 
 func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
@@ -525,14 +579,25 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 		case <-t.C:
 		}
 	}
-	body, err := s.body()
+	cur, err := s.body()
 	if err != nil {
 		http.Error(w, "matsim: encode: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
 	if fault == FaultMalformed {
-		body = body[:len(body)/2]
+		// A broken body has no entity tag and is never "not modified".
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(cur.body[:len(cur.body)/2])
+		return
+	}
+	if cur.etag != "" {
+		w.Header().Set("ETag", cur.etag)
+		if inm := strings.Join(r.Header.Values("If-None-Match"), ","); inm != "" && noneMatch(inm, cur.etag) {
+			s.notModified.Add(1)
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(body)
+	_, _ = w.Write(cur.body)
 }

@@ -42,7 +42,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	var l logOpts
 	var f fleetOpts
 	var listen, fixture, fault, certFile, keyFile string
-	var tls, legacy bool
+	var tls, legacy, etag bool
 	l.register(fs)
 	f.register(fs)
 	fs.StringVar(&listen, "listen", "127.0.0.1:1266", "address to listen on")
@@ -51,6 +51,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&certFile, "tls-cert-file", "", "serve HTTPS with this PEM certificate chain instead (e.g. a cert-manager Secret's tls.crt); needs --tls-key-file")
 	fs.StringVar(&keyFile, "tls-key-file", "", "PEM private key of --tls-cert-file (e.g. tls.key)")
 	fs.BoolVar(&legacy, "legacy", false, "serve the legacy schema (machines[] only)")
+	fs.BoolVar(&etag, "etag", true, "send a strong ETag per body and answer a matching If-None-Match with 304 Not Modified (false: a MAT without conditional requests, body rendered per request)")
 	fs.StringVar(&fault, "fault", "none", "fault to inject: none, 500, malformed, slow, hang")
 	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
@@ -73,7 +74,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 			}
 		}
 	}
-	opts := matsim.Options{TLS: tls, Legacy: legacy, FixturePath: fixture, Logger: log, TLSCertFile: certFile, TLSKeyFile: keyFile}
+	opts := matsim.Options{TLS: tls, Legacy: legacy, FixturePath: fixture, Logger: log, TLSCertFile: certFile, TLSKeyFile: keyFile, DisableETag: !etag}
 	if fixture == "" {
 		fleet, err := matsim.Generate(f.spec())
 		if err != nil {
@@ -90,7 +91,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	log.Info("matsim serving", "url", url+"/machines/status", "devices", sim.Devices(), "bmcs", sim.BMCs(), "tls", sim.Certificate() != nil, "legacy", legacy)
+	log.Info("matsim serving", "url", url+"/machines/status", "devices", sim.Devices(), "bmcs", sim.BMCs(), "tls", sim.Certificate() != nil, "legacy", legacy, "etag", etag)
 	<-ctx.Done()
 	cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

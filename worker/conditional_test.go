@@ -1,0 +1,255 @@
+package worker_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/matsim"
+)
+
+// condLog records, per status request that reached a simulator, whether
+// it carried If-None-Match and the status code of the answer.
+type condLog struct {
+	mu   sync.Mutex
+	reqs []condReq
+}
+
+type condReq struct {
+	inm  string
+	code int
+}
+
+type codeRecorder struct {
+	http.ResponseWriter
+	code int
+}
+
+func (c *codeRecorder) WriteHeader(code int) {
+	c.code = code
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (l *condLog) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &codeRecorder{ResponseWriter: w, code: http.StatusOK}
+		h.ServeHTTP(rec, r)
+		l.mu.Lock()
+		l.reqs = append(l.reqs, condReq{inm: r.Header.Get("If-None-Match"), code: rec.code})
+		l.mu.Unlock()
+	})
+}
+
+func (l *condLog) since(i int) []condReq {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]condReq(nil), l.reqs[min(i, len(l.reqs)):]...)
+}
+
+func (l *condLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.reqs)
+}
+
+// TestConditionalPolls: against a MAT that sends ETags, polls of an
+// unchanged status are answered 304 and cost no API request; a BMC IP
+// change (same MAT generation) reaches its Service through the next poll;
+// a full resync asks without conditions and gets the whole body. Against
+// a MAT without ETags nothing is conditional and the steady state is the
+// same.
+func TestConditionalPolls(t *testing.T) {
+	for _, etag := range []bool{true, false} {
+		t.Run(fmt.Sprintf("etag=%v", etag), func(t *testing.T) {
+			e := newEnv(t)
+			sim, err := matsim.New(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed), DisableETag: !etag})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sim.Close() })
+			var log condLog
+			front := httptest.NewServer(log.wrap(sim))
+			t.Cleanup(front.Close)
+
+			e.startPolling(e.entry("mat-a", front.URL))
+			w := e.startWorker(workerOpts{})
+			before := e.waitServices(v2MixedNames()...)
+			nm := sim.NotModified()
+			e.steady(w, sim)
+			if got := sim.NotModified() - nm; etag && got < 6 {
+				t.Errorf("%d of 8 steady polls answered 304, want at least 6", got)
+			}
+			for _, r := range log.since(0) {
+				if !etag && (r.inm != "" || r.code != http.StatusOK) {
+					t.Fatalf("MAT without ETag got If-None-Match %q, answered %d", r.inm, r.code)
+				}
+			}
+
+			// A BMC IP change keeps MAT's generation but changes the body.
+			const name = "mat-bmc-host-7ec7b7c3-126-c030b365"
+			if err := sim.SetBMCIP("7ec7b7c3-126b-412a-babf-fd79d002e921", "10.96.64.50"); err != nil {
+				t.Fatal(err)
+			}
+			var s *corev1.Service
+			waitFor(t, name+" on 10.96.64.50", func() (bool, string) {
+				if s = e.service(name); s == nil {
+					return false, "missing"
+				}
+				return s.Spec.ClusterIP == "10.96.64.50", "clusterIP " + s.Spec.ClusterIP
+			})
+			if s.UID == before[name].UID {
+				t.Errorf("%s not re-created", name)
+			}
+			e.steady(w, sim)
+
+			// A full resync: no condition, a whole body, planned.
+			at := log.len()
+			if err := w.Sync(e.ctx, e.key("mat-a")); err != nil {
+				t.Fatalf("full resync: %v", err)
+			}
+			full := false
+			for _, r := range log.since(at) {
+				full = full || (r.inm == "" && r.code == http.StatusOK)
+			}
+			if !full {
+				t.Errorf("no unconditional 200 during the full resync: %+v", log.since(at))
+			}
+			if after := e.waitServices(v2MixedNames()...); len(after) != len(before) {
+				t.Errorf("%d Services after the resync, want %d", len(after), len(before))
+			}
+		})
+	}
+}
+
+// resultLog records the sync results of one instance as the scheduler
+// gets them.
+type resultLog struct {
+	mu  sync.Mutex
+	all []timedResult
+}
+
+type timedResult struct {
+	r  events.SyncResult
+	at time.Time
+}
+
+func (l *resultLog) since(i int) []timedResult {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]timedResult(nil), l.all[min(i, len(l.all)):]...)
+}
+
+func (l *resultLog) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.all)
+}
+
+func (e *env) results(key string) *resultLog {
+	e.t.Helper()
+	l := &resultLog{}
+	sub, err := e.bus.SubscribeResults(func(r events.SyncResult) {
+		if r.Key != key {
+			return
+		}
+		l.mu.Lock()
+		l.all = append(l.all, timedResult{r, time.Now()})
+		l.mu.Unlock()
+	}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.onStop(func() { _ = sub.Unsubscribe() })
+	return l
+}
+
+// TestConditionalPollsStretch: the worker tells the scheduler which polls
+// MAT answered 304 (SyncResult.NotModified), and the scheduler polls such
+// an instance at the stretched interval; a change is still seen, by a
+// result that is not NotModified, and the interval steps back. A MAT
+// without ETags never gets a NotModified result and is polled every
+// poll interval.
+func TestConditionalPollsStretch(t *testing.T) {
+	const poll, pollMax = 200 * time.Millisecond, 600 * time.Millisecond
+	for _, etag := range []bool{true, false} {
+		t.Run(fmt.Sprintf("etag=%v", etag), func(t *testing.T) {
+			e := newEnv(t)
+			sim, err := matsim.New(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed), DisableETag: !etag})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sim.Close() })
+			front := httptest.NewServer(sim)
+			t.Cleanup(front.Close)
+			src, err := discovery.NewStatic("test", []discovery.StaticEntry{e.entry("mat-a", front.URL)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			results := e.results(e.key("mat-a"))
+			e.startPublisherWith(src, discovery.PublisherConfig{SyncInterval: fullResync,
+				Scheduler: discovery.SchedulerConfig{PollInterval: poll, PollMaxInterval: pollMax}})
+			e.startWorker(workerOpts{})
+			e.waitServices(v2MixedNames()...)
+
+			// Steady: a window of about 4 s after the ramp.
+			time.Sleep(2 * time.Second)
+			at := results.len()
+			time.Sleep(4 * time.Second)
+			window := results.since(at)
+			nm := 0
+			for _, x := range window {
+				if x.r.NotModified {
+					nm++
+					if x.r.Outcome != events.OutcomeUnchanged {
+						t.Errorf("NotModified on a %s result of a poll", x.r.Outcome)
+					}
+				}
+			}
+			n := len(window)
+			switch {
+			case etag && (nm < n-1 || n > 9):
+				// 4 s at 600 ms: about 7 polls (4 s at 200 ms would be 20).
+				t.Errorf("%d results in 4s, %d NotModified; want at most 9, all but one NotModified", n, nm)
+			case !etag && (nm != 0 || n < 14):
+				t.Errorf("%d results in 4s, %d NotModified; want about 20 (every 200ms), none NotModified", n, nm)
+			}
+
+			// A change: seen by a result that is not NotModified.
+			at = results.len()
+			const name = "mat-bmc-host-7ec7b7c3-126-c030b365"
+			if err := sim.SetBMCIP("7ec7b7c3-126b-412a-babf-fd79d002e921", "10.96.64.50"); err != nil {
+				t.Fatal(err)
+			}
+			changed := time.Now()
+			waitFor(t, name+" on 10.96.64.50", func() (bool, string) {
+				s := e.service(name)
+				if s == nil {
+					return false, "missing"
+				}
+				return s.Spec.ClusterIP == "10.96.64.50", "clusterIP " + s.Spec.ClusterIP
+			})
+			if took := time.Since(changed); took > pollMax+2*time.Second {
+				t.Errorf("change took %v, want within the %v bound and a sync", took, pollMax)
+			}
+			synced := false
+			for _, x := range results.since(at) {
+				if x.r.Outcome == events.OutcomeSynced {
+					synced = true
+					if x.r.NotModified {
+						t.Error("the result that planned the change says NotModified")
+					}
+				}
+			}
+			if !synced {
+				t.Error("no synced result for the change")
+			}
+		})
+	}
+}
