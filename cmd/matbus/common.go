@@ -27,6 +27,7 @@ import (
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/redact"
 	"github.com/matbus/matbus/kubeevents"
+	"github.com/matbus/matbus/kuberate"
 )
 
 // natsOpts are the flags every NATS user shares.
@@ -243,15 +244,35 @@ func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
 // responses are compressed.
 type kubeOpts struct {
 	kubeconfig  string
+	rate        string // kubeRateAdaptive or kubeRateFixed
 	qps         float64
 	burst       int
+	qpsMax      float64
+	maxInFlight int
 	compression bool
+	// limiter is the adaptive limiter apply put into the last
+	// configuration (nil with --kube-rate=fixed or before apply).
+	limiter *kuberate.Limiter
 }
+
+// The values of --kube-rate.
+const (
+	kubeRateAdaptive = "adaptive"
+	kubeRateFixed    = "fixed"
+)
 
 func (o *kubeOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
-	fs.Float64Var(&o.qps, "kube-qps", 200, "client-side rate limit of Kubernetes API requests per second, per process (client-go's default of 5 is far too low for thousands of Services; on a small shared cluster use 15, see docs/performance.md)")
-	fs.IntVar(&o.burst, "kube-burst", 400, "burst of Kubernetes API requests above --kube-qps")
+	fs.StringVar(&o.rate, "kube-rate", kubeRateAdaptive, "client-side limit of Kubernetes API requests, per process: "+
+		"adaptive (a rate from --kube-qps up to --kube-qps-max and a limit of requests in flight up to --kube-max-inflight, "+
+		"raised while the API server answers fast, cut on 429, Retry-After, 502/503/504 and rising write latency; see docs/adr/0022-adaptive-kube-rate.md) "+
+		"or fixed (client-go's token bucket of --kube-qps and --kube-burst, nothing else)")
+	fs.Float64Var(&o.qps, "kube-qps", 200, "Kubernetes API requests per second, per process: the rate with --kube-rate=fixed, the starting rate with adaptive "+
+		"(client-go's default of 5 is far too low for thousands of Services)")
+	fs.IntVar(&o.burst, "kube-burst", 400, "Kubernetes API requests sent at once above the rate after a quiet spell (the token bucket's depth), both modes")
+	fs.Float64Var(&o.qpsMax, "kube-qps-max", 1000, "hard ceiling of the adaptive rate, Kubernetes API requests per second, per process (--kube-rate=adaptive; "+
+		"on a small shared cluster use 15 with --kube-burst 30, see docs/performance.md)")
+	fs.IntVar(&o.maxInFlight, "kube-max-inflight", 64, "hard ceiling of Kubernetes API requests in flight at once, per process (--kube-rate=adaptive; watches not counted)")
 	fs.BoolVar(&o.compression, "kube-compression", false, "ask the API server to gzip its responses, watch events included; "+
 		"off by default, as for kube-controller-manager and kube-scheduler: on a cluster network gzip costs the API server and matbus CPU "+
 		"(about 3 % of the API server's CPU during a delete fan-out here) and saves nothing that matters; turn it on across a slow link")
@@ -260,6 +281,15 @@ func (o *kubeOpts) register(fs *flag.FlagSet) {
 func (o *kubeOpts) validate() error {
 	if o.qps <= 0 || o.burst <= 0 {
 		return fmt.Errorf("%w: --kube-qps and --kube-burst must be positive", errUsage)
+	}
+	switch o.rate {
+	case kubeRateFixed:
+	case kubeRateAdaptive:
+		if o.qpsMax <= 0 || o.maxInFlight <= 0 {
+			return fmt.Errorf("%w: --kube-qps-max and --kube-max-inflight must be positive", errUsage)
+		}
+	default:
+		return fmt.Errorf("%w: --kube-rate %q: want adaptive or fixed", errUsage, o.rate)
 	}
 	return nil
 }
@@ -290,8 +320,20 @@ func (o *kubeOpts) restConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// apply sets cfg's client-side limit, user agent, content types and
+// compression. With --kube-rate=adaptive (or an empty rate, as in tests)
+// every client made from cfg, and from copies of it, shares one
+// kuberate.Limiter, kept in o.limiter for its metrics.
 func (o *kubeOpts) apply(cfg *rest.Config) {
 	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
+	o.limiter = nil
+	if o.rate != kubeRateFixed && o.qpsMax > 0 {
+		l, err := kuberate.New(kuberate.Config{MaxQPS: o.qpsMax, InitialQPS: o.qps, Burst: o.burst, MaxInFlight: o.maxInFlight})
+		if err == nil { // validate rejected what New would
+			l.Apply(cfg)
+			o.limiter = l
+		}
+	}
 	cfg.UserAgent = "matbus/" + version
 	// client-go prints API warnings to stderr by default, which breaks JSON logs.
 	cfg.WarningHandler = rest.NoWarnings{}
@@ -303,6 +345,15 @@ func (o *kubeOpts) apply(cfg *rest.Config) {
 	// Without this, Go's transport asks for gzip and the API server
 	// compresses every watch event per flush (perFlushGzipWriter).
 	cfg.DisableCompression = !o.compression
+}
+
+// registerMetrics registers the adaptive limiter's metrics
+// (matbus_kube_rate_*, matbus_kube_inflight*, matbus_kube_apf_responses_total;
+// see kuberate.Limiter.Collector) with reg; nothing with --kube-rate=fixed.
+func (o *kubeOpts) registerMetrics(reg prometheus.Registerer) {
+	if o.limiter != nil {
+		reg.MustRegister(o.limiter.Collector("matbus"))
+	}
 }
 
 // kubeEventsUsage is the help of --kube-events (worker, discovery, dev).
