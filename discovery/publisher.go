@@ -106,7 +106,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 		}
 	}
 	sc := p.sched.Config()
-	p.log.Info("discovery publishing", "scope", p.src.Scope(), "sync_interval", sc.SyncInterval, "poll_interval", sc.PollInterval)
+	p.log.Info("discovery publishing", "scope", p.src.Scope(), "sync_interval", sc.SyncInterval, "poll_interval", sc.PollInterval, "poll_max_interval", sc.PollMaxInterval)
 	sub, err := p.bus.SubscribeResults(p.sched.Result, func(subject string, err error) {
 		p.fail(ctx, "", fmt.Sprintf("unreadable sync result on %s: %v", subject, err))
 	})

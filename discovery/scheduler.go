@@ -22,6 +22,14 @@ type SchedulerConfig struct {
 	// PollInterval is how often each instance's status is polled; an
 	// unchanged status costs one GET and no Kubernetes request. Default 1 s.
 	PollInterval time.Duration
+	// PollMaxInterval bounds the stretched interval of an instance whose
+	// polls MAT keeps answering 304 Not Modified (SyncResult.NotModified):
+	// each such poll stretches its interval by a quarter, up to this bound,
+	// and any other result, or a trigger, sets it back to PollInterval.
+	// A MAT that sends no ETag is never answered 304 and is polled every
+	// PollInterval. Zero (or PollInterval) stretches nothing; at most
+	// SyncInterval.
+	PollMaxInterval time.Duration
 	// SyncInterval is how often each instance gets a full resync (plan and
 	// apply even when the status looks unchanged). Default 30 s.
 	SyncInterval time.Duration
@@ -50,6 +58,7 @@ func (c SchedulerConfig) withDefaults() SchedulerConfig {
 	if c.PollInterval > c.SyncInterval {
 		c.PollInterval = c.SyncInterval
 	}
+	c.PollMaxInterval = min(max(c.PollMaxInterval, c.PollInterval), c.SyncInterval)
 	if c.FailuresBeforeBackoff <= 0 {
 		c.FailuresBeforeBackoff = 3
 	}
@@ -68,6 +77,7 @@ type SchedulerStats struct {
 	InFlight      int // instances with a job out
 	OutOfRotation int // instances probed at a backoff interval after failed fetches
 	Overdue       int // instances whose last good sync is older than SyncInterval + PollInterval
+	Stretched     int // instances polled at more than PollInterval (their polls answered 304)
 	// Dispatched counts sync jobs published, by reason (poll, resync, appeared, start, probe).
 	Dispatched map[string]int64
 	// Results counts sync results received, by outcome.
@@ -85,9 +95,10 @@ type SchedulerStats struct {
 // queue of instance keys with the semantics of client-go's (a key is
 // never out twice, and a key that becomes due while its job runs waits
 // for the job's result), spread over the sync stream. Each instance is
-// polled every PollInterval and fully resynced every SyncInterval; due
-// instances are published in order of due time, ties broken at random,
-// never by name. Results come back from workers on
+// polled every PollInterval (stretched up to PollMaxInterval while MAT
+// answers its polls 304 Not Modified) and fully resynced every
+// SyncInterval; due instances are published in order of due time, ties
+// broken at random, never by name. Results come back from workers on
 // <prefix>.results.<key>. Repeated fetch failures take an instance out
 // of rotation (an error event), after which it is probed at a growing,
 // capped interval until a fetch succeeds (another error event says it
@@ -125,6 +136,7 @@ type schedEntry struct {
 	since     time.Time // when the instance was added
 	overdue   bool
 	tie       uint64
+	every     time.Duration // current poll interval (0: PollInterval); see pollEvery
 	lastErr   string
 	last      lastResult // for the state bucket (state.go)
 }
@@ -191,6 +203,7 @@ func (s *Scheduler) Trigger(key, reason string) {
 	if e, ok := s.inst[key]; ok {
 		e.reason = reason
 		e.due = time.Now()
+		e.every = 0
 	}
 	s.mu.Unlock()
 	s.poke()
@@ -208,7 +221,8 @@ func (s *Scheduler) Result(r events.SyncResult) {
 	}
 	e.inflight = false
 	e.last = e.last.next(r)
-	next := e.sentAt.Add(s.cfg.PollInterval)
+	e.every = s.pollEvery(e, r)
+	next := e.sentAt.Add(s.interval(e))
 	switch {
 	case r.Outcome == events.OutcomeFetchFailed:
 		e.fails++
@@ -236,12 +250,45 @@ func (s *Scheduler) Result(r events.SyncResult) {
 		if e.jobReason != events.ReasonPoll {
 			e.lastFull = e.sentAt
 		}
+		if e.every > s.cfg.PollInterval && !e.lastFull.IsZero() {
+			// A stretched poll never delays the full resync.
+			next = minTime(next, e.lastFull.Add(s.cfg.SyncInterval))
+		}
 	}
 	if e.reason != "" {
 		next = now // a trigger came while the job ran
+		e.every = 0
 	}
 	e.due = maxTime(next, now)
 	s.poke()
+}
+
+// pollEvery is e's poll interval after result r of its job (0:
+// PollInterval): a poll that MAT answered 304 Not Modified, with nothing
+// to do, stretches it by a quarter up to PollMaxInterval; a full sync
+// whose status MAT vouched unchanged keeps it; every other result (a
+// change, a Service event, a failure, a status without a strong ETag)
+// sets it back. Caller holds s.mu.
+func (s *Scheduler) pollEvery(e *schedEntry, r events.SyncResult) time.Duration {
+	switch {
+	case !r.NotModified:
+		return 0
+	case r.Outcome == events.OutcomeUnchanged && e.jobReason == events.ReasonPoll:
+		cur := s.interval(e)
+		return min(cur+cur/4, s.cfg.PollMaxInterval)
+	case r.Outcome == events.OutcomeSynced && e.jobReason != events.ReasonPoll:
+		return e.every
+	default:
+		return 0
+	}
+}
+
+// interval is e's current poll interval (caller holds s.mu).
+func (s *Scheduler) interval(e *schedEntry) time.Duration {
+	if e.every <= 0 {
+		return s.cfg.PollInterval
+	}
+	return e.every
 }
 
 // recovered notes a good fetch of e (caller holds s.mu).
@@ -303,6 +350,9 @@ func (s *Scheduler) Stats() SchedulerStats {
 		}
 		if e.overdue {
 			out.Overdue++
+		}
+		if e.every > s.cfg.PollInterval {
+			out.Stretched++
 		}
 	}
 	return out
@@ -373,20 +423,7 @@ func (s *Scheduler) dispatch(ctx context.Context, term *Term) time.Duration {
 			next = minTime(next, e.due)
 			continue
 		}
-		reason := e.reason
-		switch {
-		case reason != "":
-		case e.out:
-			reason = events.ReasonProbe
-		case e.lastFull.IsZero() || now.Sub(e.lastFull) >= s.cfg.SyncInterval:
-			reason = events.ReasonResync
-		default:
-			reason = events.ReasonPoll
-		}
-		s.seq++
-		id := fmt.Sprintf("sync:%s:%s:%d", e.key, s.epoch, s.seq)
-		e.inflight, e.sentAt, e.jobID, e.jobReason, e.reason = true, now, id, reason, ""
-		items = append(items, dispatchItem{key: e.key, id: id, reason: reason, due: e.due, tie: e.tie})
+		items = append(items, s.take(e, now))
 	}
 	s.mu.Unlock()
 
@@ -424,6 +461,28 @@ func (s *Scheduler) dispatch(ctx context.Context, term *Term) time.Duration {
 	}
 	wg.Wait()
 	return max(time.Until(next), 10*time.Millisecond)
+}
+
+// take marks due instance e's job out at now and returns it: a full sync
+// of the reason a trigger set, a probe when e is out of rotation, a resync
+// once SyncInterval has passed since its last full sync, else a poll
+// (caller holds s.mu).
+func (s *Scheduler) take(e *schedEntry, now time.Time) dispatchItem {
+	reason := e.reason
+	switch {
+	case reason != "":
+	case e.out:
+		reason = events.ReasonProbe
+	case e.lastFull.IsZero() || now.Sub(e.lastFull) >= s.cfg.SyncInterval:
+		reason = events.ReasonResync
+	default:
+		reason = events.ReasonPoll
+	}
+	s.seq++
+	id := fmt.Sprintf("sync:%s:%s:%d", e.key, s.epoch, s.seq)
+	it := dispatchItem{key: e.key, id: id, reason: reason, due: e.due, tie: e.tie}
+	e.inflight, e.sentAt, e.jobID, e.jobReason, e.reason = true, now, id, reason, ""
+	return it
 }
 
 // checkOverdue marks e overdue when its last good sync (or its start) is

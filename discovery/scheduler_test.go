@@ -301,3 +301,267 @@ func collectErrors(t *testing.T, b *events.Bus) *errorLog {
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	return l
 }
+
+// timeline runs instance key of s on a clock of its own: each job is
+// taken when the instance falls due and answered at once with answer's
+// result. It returns the jobs of n rounds (at: when taken) and the poll
+// interval the state bucket showed after each.
+func timeline(t *testing.T, s *Scheduler, key string, n int, answer func(i int, reason string) events.SyncResult) ([]seenJob, []int64) {
+	t.Helper()
+	s.Set([]string{key})
+	s.mu.Lock()
+	e := s.inst[key]
+	e.due = time.Now().Add(time.Hour) // ahead of the wall clock Result compares with
+	s.mu.Unlock()
+	var jobs []seenJob
+	var shown []int64
+	for i := range n {
+		s.mu.Lock()
+		now := e.due
+		it := s.take(e, now)
+		s.mu.Unlock()
+		jobs = append(jobs, seenJob{key: key, id: it.id, reason: it.reason, at: now})
+		r := answer(i, it.reason)
+		r.Key, r.JobID = key, it.id
+		s.Result(r)
+		shown = append(shown, s.States()[key].PollIntervalMS)
+	}
+	return jobs, shown
+}
+
+func gapsOf(jobs []seenJob) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(jobs); i++ {
+		out = append(out, jobs[i].at.Sub(jobs[i-1].at))
+	}
+	return out
+}
+
+// notModified answers polls as a MAT with ETags whose status does not
+// change: 304 and nothing to do; full syncs vouched unchanged.
+func notModified(_ int, reason string) events.SyncResult {
+	if reason == events.ReasonPoll {
+		return events.SyncResult{Outcome: events.OutcomeUnchanged, NotModified: true}
+	}
+	return events.SyncResult{Outcome: events.OutcomeSynced, NotModified: true}
+}
+
+// plainUnchanged answers as a MAT without ETags whose status does not change.
+func plainUnchanged(_ int, reason string) events.SyncResult {
+	if reason == events.ReasonPoll {
+		return events.SyncResult{Outcome: events.OutcomeUnchanged}
+	}
+	return events.SyncResult{Outcome: events.OutcomeSynced}
+}
+
+// An instance whose polls are answered 304 is polled at an interval that
+// grows by a quarter per poll up to PollMaxInterval and never beyond,
+// and its full resync still comes every SyncInterval to the nanosecond.
+func TestSchedulerStretchesNotModifiedPolls(t *testing.T) {
+	s := NewScheduler(nil, SchedulerConfig{PollInterval: time.Second, PollMaxInterval: 1500 * time.Millisecond, SyncInterval: 30 * time.Second}, nil, nil)
+	jobs, shown := timeline(t, s, "ns.etag", 400, notModified)
+	gaps := gapsOf(jobs)
+	want := []time.Duration{time.Second, 1250 * time.Millisecond, 1500 * time.Millisecond, 1500 * time.Millisecond}
+	if !slices.Equal(gaps[:4], want) {
+		t.Errorf("first gaps %v, want %v", gaps[:4], want)
+	}
+	var lastFull time.Time
+	for i, j := range jobs {
+		if i > 0 && gaps[i-1] > 1500*time.Millisecond {
+			t.Errorf("job %d (%s) %v after the one before, beyond the 1.5s bound", i, j.reason, gaps[i-1])
+		}
+		if shown[i] > 1500 {
+			t.Errorf("state shows a poll interval of %d ms after job %d, beyond the bound", shown[i], i)
+		}
+		if j.reason == events.ReasonPoll {
+			continue
+		}
+		if !lastFull.IsZero() && j.at.Sub(lastFull) != 30*time.Second {
+			t.Errorf("full sync %d (%s) %v after the one before, want 30s", i, j.reason, j.at.Sub(lastFull))
+		}
+		lastFull = j.at
+	}
+	if shown[len(shown)-1] != 1500 {
+		t.Errorf("state shows %d ms, want the stretched 1500", shown[len(shown)-1])
+	}
+	polls := 0
+	for _, j := range jobs {
+		if j.at.Sub(jobs[0].at) < time.Minute && j.reason == events.ReasonPoll {
+			polls++
+		}
+	}
+	if polls > 40 {
+		t.Errorf("%d polls in the first minute, want at most 40 (1.5s apart)", polls)
+	}
+	if st := s.Stats(); st.Stretched != 1 {
+		t.Errorf("stretched = %d, want 1", st.Stretched)
+	}
+}
+
+// An instance that never answers 304 (a MAT without ETags) is scheduled
+// exactly as without the stretch: same jobs, same reasons, same times.
+func TestSchedulerNoETagPolledEveryInterval(t *testing.T) {
+	cfg := SchedulerConfig{PollInterval: time.Second, SyncInterval: 30 * time.Second}
+	off, offShown := timeline(t, NewScheduler(nil, cfg, nil, nil), "ns.plain", 200, plainUnchanged)
+	cfg.PollMaxInterval = 1500 * time.Millisecond
+	on, onShown := timeline(t, NewScheduler(nil, cfg, nil, nil), "ns.plain", 200, plainUnchanged)
+	for i, g := range gapsOf(on) {
+		if g != time.Second {
+			t.Fatalf("job %d (%s) %v after the one before, want exactly 1s", i+1, on[i+1].reason, g)
+		}
+	}
+	for i := range on {
+		if on[i].reason != off[i].reason || on[i].at.Sub(on[0].at) != off[i].at.Sub(off[0].at) || onShown[i] != offShown[i] || onShown[i] != 1000 {
+			t.Fatalf("job %d: %s at +%v showing %d ms; without the stretch %s at +%v showing %d ms", i,
+				on[i].reason, on[i].at.Sub(on[0].at), onShown[i], off[i].reason, off[i].at.Sub(off[0].at), offShown[i])
+		}
+	}
+	resyncs := 0
+	for _, j := range on {
+		if j.reason == events.ReasonResync {
+			resyncs++
+		}
+	}
+	if resyncs != 6 { // 199 s after the first (appeared) sync
+		t.Errorf("%d resyncs in 200 polls, want 6", resyncs)
+	}
+}
+
+// A change, a Service event (a poll that plans), a failed fetch, a
+// failed apply, a status without a strong ETag and a trigger each set a
+// stretched interval back to PollInterval at once; a full sync that
+// MAT vouched unchanged keeps it, one that found a change resets it.
+func TestSchedulerStretchResets(t *testing.T) {
+	cases := []struct {
+		name   string
+		reason string // of the job answered with r ("" any)
+		r      events.SyncResult
+		want   time.Duration
+		// wall: the next job's time is the wall clock's (the apply
+		// backoff), not comparable with the timeline's own.
+		wall bool
+	}{
+		// A poll that planned: a new status, or a 304 after a Service event.
+		{"change", events.ReasonPoll, events.SyncResult{Outcome: events.OutcomeSynced}, time.Second, false},
+		{"fetch failed", events.ReasonPoll, events.SyncResult{Outcome: events.OutcomeFetchFailed, Transient: true, Error: "timeout"}, time.Second, false},
+		{"apply failed", events.ReasonPoll, events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: "429"}, time.Second, true},
+		{"permanent apply failure", events.ReasonPoll, events.SyncResult{Outcome: events.OutcomeApplyFailed, Error: "422", NotModified: true}, time.Second, false},
+		{"200 without ETag", events.ReasonPoll, events.SyncResult{Outcome: events.OutcomeUnchanged}, time.Second, false},
+		{"skipped", events.ReasonPoll, events.SyncResult{Outcome: events.OutcomeSkipped}, time.Second, false},
+		{"resync with a change", events.ReasonResync, events.SyncResult{Outcome: events.OutcomeSynced}, time.Second, false},
+		{"resync vouched unchanged", events.ReasonResync, events.SyncResult{Outcome: events.OutcomeSynced, NotModified: true}, 1500 * time.Millisecond, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := NewScheduler(nil, SchedulerConfig{PollInterval: time.Second, PollMaxInterval: 1500 * time.Millisecond, SyncInterval: 30 * time.Second}, nil, nil)
+			hit := -1
+			jobs, shown := timeline(t, s, "ns.a", 60, func(i int, reason string) events.SyncResult {
+				if i >= 10 && hit < 0 && reason == c.reason {
+					hit = i
+					return c.r
+				}
+				return notModified(i, reason)
+			})
+			if hit < 0 {
+				t.Fatal("no job of reason " + c.reason)
+			}
+			if shown[hit-1] != 1500 {
+				t.Fatalf("not stretched before: %d ms", shown[hit-1])
+			}
+			if got := jobs[hit+1].at.Sub(jobs[hit].at); !c.wall && got != c.want {
+				t.Errorf("next job %v after, want %v", got, c.want)
+			}
+			if shown[hit] != c.want.Milliseconds() {
+				t.Errorf("state shows %d ms, want %d", shown[hit], c.want.Milliseconds())
+			}
+			// And it stretches again with the next 304s.
+			if shown[hit+5] != 1500 {
+				t.Errorf("state shows %d ms five 304s later, want 1500", shown[hit+5])
+			}
+		})
+	}
+	t.Run("trigger", func(t *testing.T) {
+		s := NewScheduler(nil, SchedulerConfig{PollInterval: time.Second, PollMaxInterval: 1500 * time.Millisecond, SyncInterval: 30 * time.Second}, nil, nil)
+		timeline(t, s, "ns.a", 10, notModified)
+		if ms := s.States()["ns.a"].PollIntervalMS; ms != 1500 {
+			t.Fatalf("not stretched: %d ms", ms)
+		}
+		s.Trigger("ns.a", events.ReasonAppeared)
+		if ms := s.States()["ns.a"].PollIntervalMS; ms != 1000 {
+			t.Errorf("after a trigger the state shows %d ms, want 1000", ms)
+		}
+	})
+}
+
+// Off, and bounds: PollMaxInterval at or below PollInterval stretches
+// nothing; above SyncInterval it is cut to SyncInterval.
+func TestSchedulerPollMaxIntervalBounds(t *testing.T) {
+	for _, c := range []struct {
+		max, want time.Duration
+	}{{0, time.Second}, {time.Second, time.Second}, {500 * time.Millisecond, time.Second}, {time.Minute, 30 * time.Second}} {
+		s := NewScheduler(nil, SchedulerConfig{PollInterval: time.Second, PollMaxInterval: c.max, SyncInterval: 30 * time.Second}, nil, nil)
+		if got := s.Config().PollMaxInterval; got != c.want {
+			t.Errorf("PollMaxInterval %v: effective %v, want %v", c.max, got, c.want)
+		}
+		if c.want == time.Second {
+			jobs, shown := timeline(t, s, "ns.a", 20, notModified)
+			for i, g := range gapsOf(jobs) {
+				if g != time.Second || shown[i] != 1000 {
+					t.Fatalf("PollMaxInterval %v: job %d %v after the one before (state %d ms), want 1s", c.max, i+1, g, shown[i])
+				}
+			}
+		}
+	}
+}
+
+// Through the sync stream: with 304 answers the jobs of one instance
+// come at the stretched interval, those of an instance without ETags at
+// PollInterval, and both get their resyncs.
+func TestSchedulerStretchOnTheBus(t *testing.T) {
+	b := newBus(t)
+	f := runFakeWorkers(t, b, func(job events.SyncJob, _ string) *events.SyncResult {
+		if job.Key == "ns.etag" {
+			r := notModified(0, job.Reason)
+			return &r
+		}
+		r := plainUnchanged(0, job.Reason)
+		return &r
+	})
+	s := runScheduler(t, b, SchedulerConfig{PollInterval: 40 * time.Millisecond, PollMaxInterval: 120 * time.Millisecond,
+		SyncInterval: 600 * time.Millisecond}, nil)
+	s.Set([]string{"ns.etag", "ns.plain"})
+	var maxShown int64
+	eventually(t, "two resyncs of the stretched instance", func() bool {
+		if ms := s.States()["ns.etag"].PollIntervalMS; ms > maxShown {
+			maxShown = ms
+		}
+		n := 0
+		for _, j := range f.keysOf("ns.etag") {
+			if j.reason == events.ReasonResync {
+				n++
+			}
+		}
+		return n >= 2
+	})
+	if maxShown != 120 {
+		t.Errorf("stretched instance's state showed at most %d ms, want 120", maxShown)
+	}
+	if ms := s.States()["ns.plain"].PollIntervalMS; ms != 40 {
+		t.Errorf("instance without 304s shows %d ms, want 40", ms)
+	}
+	etag, plain := f.keysOf("ns.etag"), f.keysOf("ns.plain")
+	if len(plain) < 2*len(etag) {
+		t.Errorf("%d jobs of the instance without ETags, %d of the stretched one; want at least twice as many", len(plain), len(etag))
+	}
+	for i, g := range gapsOf(plain) {
+		if g < 35*time.Millisecond {
+			t.Errorf("jobs %d and %d of the instance without ETags %v apart; the poll interval is 40ms", i, i+1, g)
+		}
+	}
+	late := etag[len(etag)/2:]
+	for i, g := range gapsOf(late) {
+		if late[i+1].reason == events.ReasonPoll && g < 100*time.Millisecond {
+			t.Errorf("stretched polls %v apart, want about 120ms", g)
+		}
+	}
+}

@@ -33,7 +33,7 @@ func (s *Scheduler) States() map[string]events.InstanceState {
 	defer s.mu.Unlock()
 	out := make(map[string]events.InstanceState, len(s.inst))
 	for k, e := range s.inst {
-		st := events.InstanceState{Key: k, InRotation: !e.out, PollIntervalMS: s.cfg.PollInterval.Milliseconds(),
+		st := events.InstanceState{Key: k, InRotation: !e.out, PollIntervalMS: s.interval(e).Milliseconds(),
 			FailedFetches: e.fails, LastGoodSync: e.lastGood, Worker: e.last.worker,
 			LastOutcome: e.last.outcome, LastError: e.last.err}
 		if e.out {

@@ -245,3 +245,54 @@ func TestValidateURLHidesCredentials(t *testing.T) {
 		t.Errorf("a good URL: %v", err)
 	}
 }
+
+// SyncResult.NotModified is compatible both ways: a result of an older
+// worker (no not_modified) decodes as false; a result without it encodes
+// as before (no new key); and one with it decodes into a SyncResult of
+// an older build, which has no such field.
+func TestSyncResultNotModifiedWire(t *testing.T) {
+	now := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	decode := func(t *testing.T, data any) Envelope {
+		t.Helper()
+		body, err := Encode(TypeSyncResult, "r", "w1", now, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := Decode(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return env
+	}
+	old := map[string]any{"key": "ns.a", "job_id": "j", "outcome": OutcomeUnchanged, "duration_ms": 1, "worker": "w1"}
+	r, err := Into[SyncResult](decode(t, old), TypeSyncResult)
+	if err != nil || r.NotModified || r.Outcome != OutcomeUnchanged {
+		t.Fatalf("older worker's result: %+v, %v", r, err)
+	}
+
+	plain, _ := json.Marshal(SyncResult{Key: "ns.a", JobID: "j", Outcome: OutcomeUnchanged})
+	if strings.Contains(string(plain), "not_modified") {
+		t.Fatalf("result without NotModified encodes %s", plain)
+	}
+
+	type olderSyncResult struct {
+		Key        string `json:"key"`
+		JobID      string `json:"job_id"`
+		Outcome    string `json:"outcome"`
+		Error      string `json:"error,omitempty"`
+		Transient  bool   `json:"transient,omitempty"`
+		DurationMS int64  `json:"duration_ms"`
+		Worker     string `json:"worker,omitempty"`
+	}
+	env := decode(t, SyncResult{Key: "ns.a", JobID: "j", Outcome: OutcomeUnchanged, NotModified: true})
+	if !strings.Contains(string(env.Data), `"not_modified":true`) {
+		t.Fatalf("data %s lacks not_modified", env.Data)
+	}
+	o, err := Into[olderSyncResult](env, TypeSyncResult)
+	if err != nil || o.Key != "ns.a" || o.Outcome != OutcomeUnchanged {
+		t.Fatalf("older build's decode: %+v, %v", o, err)
+	}
+	if r, err := Into[SyncResult](env, TypeSyncResult); err != nil || !r.NotModified {
+		t.Fatalf("decode: %+v, %v", r, err)
+	}
+}

@@ -20,7 +20,10 @@ type InstanceState struct {
 	// InRotation is false once FailedFetches consecutive status fetches
 	// failed (the scheduler's backoff threshold): the instance is then
 	// probed every ProbeIntervalMS instead of polled every PollIntervalMS.
-	InRotation      bool  `json:"in_rotation"`
+	InRotation bool `json:"in_rotation"`
+	// PollIntervalMS is the instance's current poll interval: the
+	// scheduler's PollInterval, or longer (up to PollMaxInterval) while
+	// MAT answers its polls 304 Not Modified.
 	PollIntervalMS  int64 `json:"poll_interval_ms"`
 	ProbeIntervalMS int64 `json:"probe_interval_ms,omitempty"`
 	FailedFetches   int   `json:"failed_fetches,omitempty"`

@@ -151,6 +151,15 @@ type SyncResult struct {
 	DurationMS int64 `json:"duration_ms"`
 	// Worker names the worker that ran the job.
 	Worker string `json:"worker,omitempty"`
+	// NotModified is true when MAT's strong ETag vouched that the status
+	// is the one of the worker's last sync: a poll answered 304 Not
+	// Modified with nothing to do (outcome unchanged), or a full sync
+	// whose body came with the ETag and bytes held before. It is never
+	// true for a MAT that sends no strong ETag or answers no condition.
+	// The scheduler polls an instance whose polls keep being answered 304
+	// at a stretched interval (ADR 23). Absent (false) in results of
+	// older workers; older schedulers ignore it.
+	NotModified bool `json:"not_modified,omitempty"`
 }
 
 // Failed reports whether the outcome is a failure.

@@ -132,10 +132,11 @@ func (w *Worker) currentDesired(ctx context.Context, inst events.Instance, after
 			return nil, err
 		}
 		at := time.Now()
-		st, _, err := fetchStatus(ctx, client, "")
+		poll, err := fetchStatus(ctx, client, "")
 		if err != nil {
 			return nil, fmt.Errorf("re-check against the newest status: %w", err)
 		}
+		st := poll.Status
 		// The owner does not matter for names; no API request here.
 		d := plan.Build(plan.Instance{Key: inst.Key, PodName: inst.PodName}, st, w.cfg.Plan)
 		return desiredOf(d, at), nil

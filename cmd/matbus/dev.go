@@ -56,7 +56,8 @@ func runDev(ctx context.Context, args []string, e env) error {
 	var natsPort, sims, workers int
 	var natsHost, stateDir, sourceListAddr string
 	var once, tls bool
-	var timeout, interval, poll time.Duration
+	var timeout, interval, poll, pollMax time.Duration
+	var pollMaxGiven bool
 	n.register(fs)
 	l.register(fs)
 	k.register(fs)
@@ -70,6 +71,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	durationVar(fs, &timeout, "timeout", 3*time.Minute, "with --once: how long to wait for convergence")
 	durationVar(fs, &interval, "sync-interval", 10*time.Second, "how often every instance gets a full resync")
 	durationVar(fs, &poll, "poll-interval", time.Second, "how often every instance's status is polled (cheap when unchanged)")
+	givenDurationVar(fs, &pollMax, &pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
 	fs.BoolVar(&tls, "tls", true, "simulators serve HTTPS with self-signed certificates (as MAT does)")
 	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one, removed on exit; those of killed runs are removed at the next start)")
 	fs.StringVar(&sourceListAddr, "source-list-addr", "127.0.0.1:0", "address of the sources API (GET /v1/sources, as `discovery` serves it; port 0 picks a free one); empty disables")
@@ -87,6 +89,10 @@ func runDev(ctx context.Context, args []string, e env) error {
 	}
 	if interval < time.Second {
 		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
+	}
+	pollMax, err := pollMaxInterval(poll, pollMax, pollMaxGiven, interval)
+	if err != nil {
+		return err
 	}
 	if natsPort < 0 || natsPort > 65535 {
 		return fmt.Errorf("%w: --nats-port must be 0..65535 (0 picks a free port)", errUsage)
@@ -288,7 +294,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = sources.Run(runCtx, shared) }()
 	}
-	pub := discovery.NewPublisher(pubBus, shared, discovery.PublisherConfig{SyncInterval: interval, Scheduler: discovery.SchedulerConfig{PollInterval: poll}}, rep, log.With("component", "discovery"))
+	pub := discovery.NewPublisher(pubBus, shared, discovery.PublisherConfig{SyncInterval: interval, Scheduler: discovery.SchedulerConfig{PollInterval: poll, PollMaxInterval: pollMax}}, rep, log.With("component", "discovery"))
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = pub.Run(runCtx) }()
 

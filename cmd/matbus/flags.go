@@ -165,7 +165,7 @@ func flagError(fs *flag.FlagSet, err error) error {
 	want := ""
 	if f := fs.Lookup(name); f != nil {
 		switch f.Value.(type) {
-		case positiveDuration:
+		case positiveDuration, givenDuration:
 			want = "want a positive duration such as 30s or 1m"
 		default:
 			switch fmt.Sprintf("%T", f.Value) {
@@ -274,6 +274,28 @@ func (p positiveDuration) Set(v string) error {
 func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
 	fs.Var(positiveDuration{p}, name, usage)
+}
+
+// givenDuration is a positiveDuration that records in *given whether it
+// was set (on the command line or from the environment).
+type givenDuration struct {
+	positiveDuration
+	given *bool
+}
+
+func (g givenDuration) Set(v string) error {
+	if err := g.positiveDuration.Set(v); err != nil {
+		return err
+	}
+	*g.given = true
+	return nil
+}
+
+// givenDurationVar is durationVar for a flag whose default depends on
+// whether it was set (see givenDuration).
+func givenDurationVar(fs *flag.FlagSet, p *time.Duration, given *bool, name string, def time.Duration, usage string) {
+	*p = def
+	fs.Var(givenDuration{positiveDuration{p}, given}, name, usage)
 }
 
 // parseAndValidate parses args (command line first, then environment) and

@@ -89,6 +89,10 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{"bad managed-by", []string{"worker", "--managed-by", "bad value!"}, nil, 2, "managed-by"},
 		{"http nats url", []string{"worker", "--nats-url", "http://127.0.0.1:4222"}, nil, 2, "nats://"},
 		{"sync interval too short", []string{"discovery", "--sync-interval", "1ns", "--static", "a=https://x:1"}, nil, 2, "at least 1s"},
+		{"poll max below poll", []string{"discovery", "--poll-interval", "2s", "--poll-max-interval", "1s", "--static", "a=https://x:1"}, nil, 2, "--poll-max-interval 1s must be at least --poll-interval (2s)"},
+		{"poll max above sync", []string{"discovery", "--sync-interval", "10s", "--poll-max-interval", "20s", "--static", "a=https://x:1"}, nil, 2, "at most --sync-interval (10s)"},
+		{"poll max from env below poll", []string{"discovery", "--poll-interval", "2s", "--static", "a=https://x:1"}, map[string]string{"MATBUS_POLL_MAX_INTERVAL": "1s"}, 2, "--poll-max-interval"},
+		{"dev poll max above sync", []string{"dev", "--sync-interval", "5s", "--poll-max-interval", "6s"}, nil, 2, "--poll-max-interval"},
 		{"nats port out of range", []string{"dev", "--nats-port", "70000"}, nil, 2, "0..65535"},
 		{"version", []string{"version"}, nil, 0, ""},
 	}
@@ -129,5 +133,28 @@ func TestDevOnce(t *testing.T) {
 	}
 	if strings.Count(out, "+ service mat-bmc-") != 22 || strings.Count(out, "+ service mat-nvos-") != 2 {
 		t.Fatalf("expected 22 BMC and 2 NVOS created-Service lines:\n%s", out)
+	}
+}
+
+// --poll-max-interval: a given value is taken as it is; the default is
+// raised to a longer --poll-interval (no stretch, no usage error for an
+// older configuration) and cut to --sync-interval.
+func TestPollMaxInterval(t *testing.T) {
+	for _, c := range []struct {
+		poll, v time.Duration
+		given   bool
+		sync    time.Duration
+		want    time.Duration
+	}{
+		{time.Second, defaultPollMaxInterval, false, 30 * time.Second, 1500 * time.Millisecond},
+		{2 * time.Second, defaultPollMaxInterval, false, 30 * time.Second, 2 * time.Second},
+		{time.Second, defaultPollMaxInterval, false, time.Second, time.Second},
+		{time.Second, time.Second, true, 30 * time.Second, time.Second},
+		{time.Second, 5 * time.Second, true, 30 * time.Second, 5 * time.Second},
+	} {
+		got, err := pollMaxInterval(c.poll, c.v, c.given, c.sync)
+		if err != nil || got != c.want {
+			t.Errorf("pollMaxInterval(%v, %v, %v, %v) = %v, %v; want %v", c.poll, c.v, c.given, c.sync, got, err, c.want)
+		}
 	}
 }
