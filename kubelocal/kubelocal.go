@@ -52,7 +52,23 @@ type Config struct {
 	// built-in ones (a later flag wins), e.g.
 	// []string{"--enable-admission-plugins=DenyServiceExternalIPs"}.
 	APIServerArgs []string
+	// Audit turns on the API server's audit log: every request at level
+	// Metadata (who, verb, resource, user agent, code; no bodies), stages
+	// ResponseStarted (watches) and ResponseComplete, one JSON line per
+	// event in Dir/audit.log (Cluster.AuditLog), written before the
+	// response completes (blocking mode, no batching, no rotation).
+	Audit bool
 }
+
+// auditPolicy logs every request at level Metadata, without the
+// RequestReceived stage (a request is then one line, a watch two: when it
+// starts and when it ends).
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+`
 
 // Cluster is a running etcd + kube-apiserver pair.
 type Cluster struct {
@@ -66,6 +82,9 @@ type Cluster struct {
 	ServiceCIDR string
 	// Dir is the state folder.
 	Dir string
+	// AuditLog is the path of the audit log (JSON lines, see Config.Audit),
+	// "" when auditing is off.
+	AuditLog string
 
 	cfg      Config
 	tempDir  bool
@@ -167,6 +186,9 @@ func (c *Cluster) start(ctx context.Context) error {
 		"--listen-peer-urls", "http://127.0.0.1:"+strconv.Itoa(peerPort),
 		"--initial-advertise-peer-urls", "http://127.0.0.1:"+strconv.Itoa(peerPort),
 		"--initial-cluster", "default=http://127.0.0.1:"+strconv.Itoa(peerPort),
+		// 8 GiB instead of 2: runs that create and delete tens of
+		// thousands of Services grow the database between compactions.
+		"--quota-backend-bytes", strconv.Itoa(8<<30),
 		"--unsafe-no-fsync", "--log-level", "warn")
 	if err := c.etcd.Start(); err != nil {
 		return fmt.Errorf("kubelocal: start etcd: %w", err)
@@ -187,8 +209,18 @@ func (c *Cluster) start(ctx context.Context) error {
 	if err := writeSAKeys(saKey, saPub); err != nil {
 		return err
 	}
+	var auditArgs []string
+	if cfg.Audit {
+		policy := filepath.Join(c.Dir, "audit-policy.yaml")
+		if err := os.WriteFile(policy, []byte(auditPolicy), 0o600); err != nil {
+			return fmt.Errorf("kubelocal: %w", err)
+		}
+		c.AuditLog = filepath.Join(c.Dir, "audit.log")
+		auditArgs = []string{"--audit-policy-file=" + policy, "--audit-log-path=" + c.AuditLog,
+			"--audit-log-format=json", "--audit-log-mode=blocking", "--audit-log-maxsize=0"}
+	}
 	c.URL = "https://127.0.0.1:" + strconv.Itoa(apiPort)
-	c.api = c.command("kube-apiserver", filepath.Join(cfg.BinDir, "kube-apiserver"), append([]string{
+	args := append([]string{
 		"--etcd-servers=" + c.etcdURL,
 		"--cert-dir=" + filepath.Join(c.Dir, "certs"),
 		"--secure-port=" + strconv.Itoa(apiPort), "--bind-address=127.0.0.1",
@@ -199,7 +231,8 @@ func (c *Cluster) start(ctx context.Context) error {
 		"--service-account-key-file=" + saPub,
 		"--service-account-signing-key-file=" + saKey,
 		"--disable-admission-plugins=ServiceAccount",
-		"--enable-priority-and-fairness=false"}, cfg.APIServerArgs...)...)
+		"--enable-priority-and-fairness=false"}, auditArgs...)
+	c.api = c.command("kube-apiserver", filepath.Join(cfg.BinDir, "kube-apiserver"), append(args, cfg.APIServerArgs...)...)
 	if err := c.api.Start(); err != nil {
 		return fmt.Errorf("kubelocal: start kube-apiserver: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -47,8 +48,11 @@ type Tracker struct {
 	mu       sync.Mutex
 	failing  map[string]error // verb -> its last error, while it fails
 	failures map[string]int64 // verb -> failed calls since New
+	made     map[string]int64 // verb -> calls since New, failed or not
 	since    time.Time        // when the failing state began
 	calls    int              // failed calls, of either verb, since then
+
+	events [4]atomic.Int64 // by eventKinds
 }
 
 // New returns a Tracker of resource (e.g. "services", the name used in
@@ -63,7 +67,7 @@ func New(resource string, report *events.Reporter, log *slog.Logger) *Tracker {
 		report = events.NewReporter(nil, log, "", 0)
 	}
 	return &Tracker{resource: resource, report: report, log: log, now: time.Now,
-		failing: map[string]error{}, failures: map[string]int64{}}
+		failing: map[string]error{}, failures: map[string]int64{}, made: map[string]int64{}}
 }
 
 // Resource returns the resource name given to New.
@@ -75,6 +79,9 @@ func (t *Tracker) Resource() string { return t.resource }
 // success that leaves no verb failing are reported (see Tracker) before
 // Observe returns; publishing waits at most the Reporter's 5 s.
 func (t *Tracker) Observe(ctx context.Context, verb string, err error) {
+	t.mu.Lock()
+	t.made[verb]++
+	t.mu.Unlock()
 	if err != nil && (ctx.Err() != nil || errors.Is(err, context.Canceled)) {
 		return
 	}
@@ -170,6 +177,41 @@ func (t *Tracker) Failures() map[string]int64 {
 	return out
 }
 
+// Calls returns the list and watch calls observed since New, failed or
+// not, by verb: an informer's relists and re-opened watches show here.
+func (t *Tracker) Calls() map[string]int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]int64, len(verbs))
+	for _, v := range verbs {
+		out[v] = t.made[v]
+	}
+	return out
+}
+
+// Event kinds counted by Instrument (EventCounts): the objects of the
+// informer's first list, and the adds, updates and deletes that followed
+// (watch events, and the differences a relist found).
+const (
+	EventListed  = "listed"
+	EventAdded   = "added"
+	EventUpdated = "updated"
+	EventDeleted = "deleted"
+)
+
+// eventKinds is the order of EventCounts and of the metric's series.
+var eventKinds = []string{EventListed, EventAdded, EventUpdated, EventDeleted}
+
+// EventCounts returns the objects the instrumented informers delivered to
+// their handlers since New, by kind (EventListed, EventAdded, ...).
+func (t *Tracker) EventCounts() map[string]int64 {
+	out := make(map[string]int64, len(eventKinds))
+	for i, k := range eventKinds {
+		out[k] = t.events[i].Load()
+	}
+	return out
+}
+
 // ListerWatcher returns lw with every List and Watch call observed: a
 // watch counts as working once the API server accepted it (a watch-list
 // request, which streams the initial objects, is a watch call).
@@ -230,6 +272,19 @@ func (t *Tracker) HandleWatchError(ctx context.Context, _ *cache.Reflector, err 
 // built on ListerWatcher.
 func (t *Tracker) Instrument(inf cache.SharedIndexInformer) error {
 	if err := inf.SetWatchErrorHandlerWithContext(t.HandleWatchError); err != nil {
+		return fmt.Errorf("kubewatch: %s informer: %w", t.resource, err)
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc: func(_ any, initial bool) {
+			if initial {
+				t.events[0].Add(1)
+			} else {
+				t.events[1].Add(1)
+			}
+		},
+		UpdateFunc: func(_, _ any) { t.events[2].Add(1) },
+		DeleteFunc: func(any) { t.events[3].Add(1) },
+	}); err != nil {
 		return fmt.Errorf("kubewatch: %s informer: %w", t.resource, err)
 	}
 	return nil

@@ -24,7 +24,8 @@ type Metrics struct {
 	syncResults   *prometheus.CounterVec   // outcome
 	fetchDuration prometheus.Histogram
 	fetchFailures prometheus.Counter
-	lastSync      *prometheus.GaugeVec // instance
+	lastSync      *prometheus.GaugeVec     // instance
+	jobDelay      *prometheus.HistogramVec // stage
 }
 
 // NewMetrics creates the worker metrics and registers them with reg:
@@ -34,6 +35,7 @@ type Metrics struct {
 //	matbus_worker_sync_results_total{outcome}              counter: sync job results sent to the scheduler (synced, unchanged, skipped, fetch-failed, apply-failed)
 //	matbus_worker_mat_fetch_duration_seconds               histogram: one MAT status request, success or not
 //	matbus_worker_mat_fetch_failures_total                 counter: sync jobs whose status fetch failed (nothing changed)
+//	matbus_worker_sync_job_delay_seconds{stage}            histogram: from a sync job's publication (its envelope time) to stage received (its handler starts) and fetch (its status request starts)
 //	matbus_instance_last_sync_success_timestamp_seconds{instance}  gauge: Unix time of the instance's last sync job that fetched its status and converged it (synced or unchanged); the series goes with the instance
 //
 // It returns an error when a name is already registered.
@@ -51,8 +53,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Sync jobs whose MAT status fetch failed (no Service was changed)."}),
 		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "matbus", Name: "instance_last_sync_success_timestamp_seconds",
 			Help: "Unix time of the instance's last sync job on this worker that fetched its status and converged its Services."}, []string{"instance"}),
+		jobDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "matbus", Subsystem: "worker", Name: "sync_job_delay_seconds",
+			Help:    "Time from a sync job's publication to its handler's start (stage received) and to the start of its status fetch (stage fetch).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"stage"}),
 	}
-	for _, c := range []prometheus.Collector{m.jobs, m.jobDuration, m.syncResults, m.fetchDuration, m.fetchFailures, m.lastSync} {
+	for _, c := range []prometheus.Collector{m.jobs, m.jobDuration, m.syncResults, m.fetchDuration, m.fetchFailures, m.lastSync, m.jobDelay} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -82,6 +87,21 @@ func (m *Metrics) jobEnded(t events.Type, outcome string, d time.Duration) {
 	if d >= 0 {
 		m.jobDuration.WithLabelValues(jobType(t)).Observe(d.Seconds())
 	}
+}
+
+// Stages of matbus_worker_sync_job_delay_seconds.
+const (
+	delayReceived = "received"
+	delayFetch    = "fetch"
+)
+
+// jobDelayed records the time from a sync job's publication (published;
+// zero: not a job) to stage.
+func (m *Metrics) jobDelayed(stage string, published, at time.Time) {
+	if m == nil || published.IsZero() {
+		return
+	}
+	m.jobDelay.WithLabelValues(stage).Observe(max(at.Sub(published), 0).Seconds())
 }
 
 func (m *Metrics) fetched(d time.Duration) {
