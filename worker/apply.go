@@ -307,7 +307,16 @@ func transientCause(err error) string {
 // followed by a read: if the Service exists, it is converged like after
 // AlreadyExists; otherwise the IP really belongs to another Service and the
 // error is returned (and classified) as it is.
+//
+// A create is skipped, with no request, when the informer cache already
+// holds this instance's Service of that name exactly as wanted: another
+// worker created it since the plan was made (two syncs of one instance at
+// once, e.g. after the scheduler released a job that waited long for an
+// apply slot). Each such create cost a refused Create and two GETs.
 func (w *Worker) create(ctx context.Context, want *corev1.Service) error {
+	if w.cachedAsWanted(want) {
+		return nil
+	}
 	created, err := w.createOrConverge(ctx, want)
 	if created != nil {
 		w.created.Add(1)
@@ -327,11 +336,31 @@ func (w *Worker) createOrConverge(ctx context.Context, want *corev1.Service) (cr
 		return nil, w.reconverge(ctx, want)
 	}
 	if apierrors.IsInvalid(err) {
-		if _, gerr := svcs.Get(ctx, want.Name, metav1.GetOptions{}); gerr == nil {
-			return nil, w.reconverge(ctx, want)
+		if cur, gerr := svcs.Get(ctx, want.Name, metav1.GetOptions{}); gerr == nil {
+			return nil, w.convergeTo(ctx, want, cur)
 		}
 	}
 	return nil, err
+}
+
+// cachedAsWanted says whether the informer cache holds a Service named
+// like want, managed by this worker's matbus and of want's instance, that
+// the single-object plan leaves as it is (nothing to create, update or
+// recreate). A stale cache entry (the Service deleted since) is no loss:
+// its delete event makes the instance's next poll plan again.
+func (w *Worker) cachedAsWanted(want *corev1.Service) bool {
+	if w.services == nil {
+		return false
+	}
+	cur, err := w.services.Services(want.Namespace).Get(want.Name)
+	if err != nil || cur.DeletionTimestamp != nil || cur.Labels[plan.LabelManagedBy] != w.managedBy() {
+		return false
+	}
+	if inst, ok := cur.Labels[plan.LabelInstance]; !ok || inst != want.Labels[plan.LabelInstance] {
+		return false
+	}
+	p := plan.Diff(plan.Desired{Services: []*corev1.Service{want}}, []*corev1.Service{cur}, w.cfg.Plan)
+	return len(p.Create)+len(p.Update)+len(p.Recreate)+len(p.Delete) == 0
 }
 
 func (w *Worker) update(ctx context.Context, next *corev1.Service) error {
@@ -356,6 +385,12 @@ func (w *Worker) reconverge(ctx context.Context, want *corev1.Service) error {
 	if err != nil {
 		return err
 	}
+	return w.convergeTo(ctx, want, cur)
+}
+
+// convergeTo applies the single-object plan of want to cur, the Service of
+// that name just read from the API server.
+func (w *Worker) convergeTo(ctx context.Context, want, cur *corev1.Service) error {
 	if cur.Labels[plan.LabelManagedBy] != w.managedBy() {
 		return fmt.Errorf("%w: %s/%s", errNotOurs, cur.Namespace, cur.Name)
 	}
@@ -365,7 +400,7 @@ func (w *Worker) reconverge(ctx context.Context, want *corev1.Service) error {
 	p := plan.Diff(plan.Desired{Services: []*corev1.Service{want}}, []*corev1.Service{cur}, w.cfg.Plan)
 	switch {
 	case len(p.Update) == 1:
-		_, err = w.kube.CoreV1().Services(cur.Namespace).Update(ctx, p.Update[0].New, metav1.UpdateOptions{FieldManager: "matbus"})
+		_, err := w.kube.CoreV1().Services(cur.Namespace).Update(ctx, p.Update[0].New, metav1.UpdateOptions{FieldManager: "matbus"})
 		return err
 	case len(p.Recreate) == 1:
 		return w.recreate(ctx, p.Recreate[0].Old, p.Recreate[0].New)

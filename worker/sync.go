@@ -44,7 +44,8 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 			return err
 		}
 		start := time.Now()
-		res, err := w.syncJob(ctx, job, env.ID)
+		w.cfg.Metrics.jobDelayed(delayReceived, env.Time, start)
+		res, err := w.syncJob(ctx, job, env.ID, env.Time)
 		if ctx.Err() != nil || errors.Is(err, context.Canceled) {
 			return context.Canceled
 		}
@@ -89,7 +90,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 // Sync runs a full sync of instance key (see syncJob) and returns nil
 // when every write succeeded, or the failure.
 func (w *Worker) Sync(ctx context.Context, key string) error {
-	res, err := w.syncJob(ctx, events.SyncJob{Key: key, Reason: events.ReasonResync}, "")
+	res, err := w.syncJob(ctx, events.SyncJob{Key: key, Reason: events.ReasonResync}, "", time.Time{})
 	if err != nil {
 		return err
 	}
@@ -112,8 +113,9 @@ func (w *Worker) Sync(ctx context.Context, key string) error {
 //
 // An instance that goes away while its sync applies creates is cleaned up
 // again by the sync itself (see afterGone), so a create that raced the
-// clean-up's list leaves no orphan.
-func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) (events.SyncResult, error) {
+// clean-up's list leaves no orphan. published is when the job was
+// published (zero when it is not a job), for the job-delay metric.
+func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, published time.Time) (events.SyncResult, error) {
 	key := job.Key
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	if err != nil {
@@ -154,7 +156,9 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 		prev = w.memo.fingerprint(key)
 	}
 	fetchedAt := time.Now()
-	st, fp, err := fetchStatus(ctx, client, prev)
+	w.cfg.Metrics.jobDelayed(delayFetch, published, fetchedAt)
+	poll, err := fetchStatus(ctx, client, prev)
+	st, fp := poll.Status, poll.Fingerprint
 	w.cfg.Metrics.fetched(time.Since(fetchedAt))
 	if err != nil {
 		if ctx.Err() != nil {
@@ -172,12 +176,17 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	}
 	if st == nil && w.memo.unchanged(key, fp) {
 		w.unchanged.Add(1)
-		return events.SyncResult{Outcome: events.OutcomeUnchanged}, nil
+		return events.SyncResult{Outcome: events.OutcomeUnchanged, NotModified: poll.NotModified}, nil
 	}
+	// Only a full sync tells the scheduler that MAT vouched for an
+	// unchanged status: a poll that plans (a change, or a Service event
+	// since the last sync) is a change.
+	notModified := job.Full() && poll.NotModified
 	if st == nil {
 		// A Service changed since the fingerprint was taken: plan from a
 		// full fetch.
-		if st, fp, err = fetchStatus(ctx, client, ""); err != nil {
+		poll, err = fetchStatus(ctx, client, "")
+		if st, fp = poll.Status, poll.Fingerprint; err != nil {
 			if ctx.Err() != nil {
 				return events.SyncResult{}, ctx.Err()
 			}
@@ -188,10 +197,8 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 		}
 	}
 
-	select {
-	case w.applySlots <- struct{}{}:
-	case <-ctx.Done():
-		return events.SyncResult{}, ctx.Err()
+	if err := w.acquireApplySlot(ctx); err != nil {
+		return events.SyncResult{}, err
 	}
 	defer func() { <-w.applySlots }()
 
@@ -219,7 +226,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string) 
 	switch {
 	case err == nil:
 		w.memo.completed(key, fp, changes)
-		return events.SyncResult{Outcome: events.OutcomeSynced}, nil
+		return events.SyncResult{Outcome: events.OutcomeSynced, NotModified: notModified}, nil
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
 		return events.SyncResult{}, context.Canceled
 	case errors.As(err, &je) && !je.Retry:
@@ -335,9 +342,10 @@ func (w *Worker) afterGone(ctx context.Context, key string, seq uint64, jobID st
 }
 
 // fingerprinter is implemented by clients that can tell an unchanged
-// status without decoding it (*matclient.Client).
+// status without decoding it, and whether MAT said it was not modified
+// (*matclient.Client).
 type fingerprinter interface {
-	StatusIfChanged(ctx context.Context, prev string) (*matclient.Status, string, error)
+	PollStatus(ctx context.Context, prev string) (matclient.Poll, error)
 }
 
 // closedDuringFetch is the result of a sync whose MAT client was closed
@@ -351,14 +359,15 @@ func closedDuringFetch(log *slog.Logger) events.SyncResult {
 }
 
 // fetchStatus fetches the status once. With a client that fingerprints,
-// it returns (nil, prev, nil) when the status is unchanged since prev;
-// other clients always return the decoded status and fingerprint "".
-func fetchStatus(ctx context.Context, c StatusClient, prev string) (*matclient.Status, string, error) {
+// it returns no status and fingerprint prev when the status is unchanged
+// since prev (NotModified when MAT answered 304); other clients always
+// return the decoded status, fingerprint "" and never NotModified.
+func fetchStatus(ctx context.Context, c StatusClient, prev string) (matclient.Poll, error) {
 	if f, ok := c.(fingerprinter); ok {
-		return f.StatusIfChanged(ctx, prev)
+		return f.PollStatus(ctx, prev)
 	}
 	st, err := c.Status(ctx)
-	return st, "", err
+	return matclient.Poll{Status: st}, err
 }
 
 // reportPlanFindings publishes the devices the plan holds back (except
@@ -578,4 +587,23 @@ func keyMatches(subject, key string) error {
 		return fmt.Errorf("%w: data key %q does not match subject %s", events.ErrMalformed, key, subject)
 	}
 	return nil
+}
+
+// acquireApplySlot takes one of the Jobs apply slots, waiting until one
+// is free or ctx ends (ctx's error). While it waits, applyWaiting counts
+// it, so the sync consumer pulls no new job (see pull).
+func (w *Worker) acquireApplySlot(ctx context.Context) error {
+	select {
+	case w.applySlots <- struct{}{}:
+		return nil
+	default:
+	}
+	w.applyWaiting.Add(1)
+	defer w.applyWaiting.Add(-1)
+	select {
+	case w.applySlots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

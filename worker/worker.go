@@ -127,10 +127,14 @@ type Worker struct {
 	watch *kubewatch.Tracker
 
 	applySlots chan struct{} // Jobs
-	writes     chan struct{} // Concurrency
-	memo       *memo
-	desired    *desiredCache
-	warned     sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
+	// applyWaiting counts sync jobs held here waiting for an apply slot;
+	// while it is above 0 the sync consumer sends no pull request (see
+	// pull), so other workers take the next jobs.
+	applyWaiting atomic.Int64
+	writes       chan struct{} // Concurrency
+	memo         *memo
+	desired      *desiredCache
+	warned       sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
 	// pendingDeletes: Service UID -> when its stale delete job was published.
 	pendingDeletes sync.Map
 	fence          epochFence // the newest discovery leader epoch seen
@@ -288,6 +292,9 @@ type jobHandler func(ctx context.Context, env events.Envelope, subject string) e
 const (
 	pullWait      = 10 * time.Second
 	pullHeartbeat = 2 * time.Second
+	// backlogPoll is how often a backlogged sync consumer checks whether
+	// it may pull again.
+	backlogPoll = 50 * time.Millisecond
 )
 
 // runJobs consumes one durable pull consumer until ctx ends, re-creating the
@@ -369,10 +376,12 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, 
 		}
 		delay = 100 * time.Millisecond
 		batch := slots
+		var backlogged func() bool
 		if consumer == events.SyncConsumer {
 			batch = 1
+			backlogged = func() bool { return w.applyWaiting.Load() > 0 }
 		}
-		w.pull(ctx, log, cons, sem, slots, batch, dispatch)
+		w.pull(ctx, log, cons, sem, slots, batch, backlogged, dispatch)
 	}
 }
 
@@ -392,8 +401,15 @@ func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, 
 // until every open one has ended, and then one asks for all free slots.
 // Otherwise each expiring fragment asked again for its own slot, and an
 // idle worker kept one request (and two goroutines) per slot open.
+//
+// While backlogged (may be nil) reports true — a sync job here waits for
+// an apply slot — no new request is sent (checked every backlogPoll):
+// the jobs stay in the stream for workers that can start them, instead
+// of queueing behind this worker's applies (at 40 instances and more,
+// one worker had taken half of them and held some for minutes, until
+// discovery gave up on their results and sent them to another worker).
 func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots, batchMax int,
-	dispatch func(jetstream.Msg)) {
+	backlogged func() bool, dispatch func(jetstream.Msg)) {
 	actx, cancel := context.WithCancel(ctx)
 	broken := make(chan error, 1)
 	var batches sync.WaitGroup
@@ -407,6 +423,7 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 		dry   bool // a request expired short of its batch
 		ended = make(chan struct{}, 1)
 	)
+	var resume <-chan time.Time
 	for {
 		acquire := sem
 		mu.Lock()
@@ -416,8 +433,15 @@ func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Cons
 			dry = false
 		}
 		mu.Unlock()
+		resume = nil
+		if backlogged != nil && backlogged() {
+			// Saturated: leave the next jobs to workers with a free apply slot.
+			acquire, resume = nil, time.After(backlogPoll)
+		}
 		select {
 		case acquire <- struct{}{}:
+		case <-resume:
+			continue
 		case <-ended:
 			continue
 		case err := <-broken:

@@ -44,6 +44,11 @@ type config struct {
 	InFlight      int           `json:"floor_in_flight"`
 	Repeat        int           `json:"repeat"`
 	Seed          int64         `json:"seed"`
+	Neighbour     bool          `json:"neighbour"`
+	NeighbourRate float64       `json:"neighbour_rate"`
+	MATNoETag     bool          `json:"mat_no_etag,omitempty"`
+	PprofDir      string        `json:"-"`
+	PprofLength   time.Duration `json:"-"`
 	Matbus        string        `json:"-"`
 	NATSServer    string        `json:"-"`
 	JSON          string        `json:"-"`
@@ -56,7 +61,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	var workers, workerArgs, discoveryArgs string
 	fs.IntVar(&c.Services, "services", 2000, "BMC Services in total, spread over --simulators (each simulator serves services/simulators BMCs)")
-	fs.IntVar(&c.Simulators, "simulators", 5, "MAT simulators (instances), in-process over HTTPS")
+	fs.IntVar(&c.Simulators, "simulators", 0, fmt.Sprintf("MAT simulators (instances), in-process over HTTPS; 0 picks %d, or more so that none serves more than %d BMCs "+
+		"(2,000 Services: 5 × 400; 20,000: 40 × 500)", minSimulators, bmcsPerSimulator))
 	fs.StringVar(&workers, "workers", "1,3", "worker counts, comma separated: the whole scenario runs once per count, each on a fresh namespace and nats-server")
 	fs.IntVar(&c.Reactions, "reactions", 40, "single-BMC changes of the reaction row (alternately add and remove)")
 	fs.DurationVar(&c.Steady, "steady", 60*time.Second, "steady window of the API-request and MAT-GET rows (nothing changes)")
@@ -69,9 +75,15 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.Repeat, "repeat", 1, "run the floor and the rounds this many times, alternating (floor, rounds, floor, rounds, …); "+
 		"each cell is then the median over the repetitions and its ratio the median of each repetition's value ÷ that repetition's floor")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the fleets and of the reaction changes")
+	fs.BoolVar(&c.Neighbour, "neighbour", true, "measure a noisy neighbour's latency alone, during a QPS-100 client's converge and during matbus's (bench/e2e/neighbour.go)")
+	fs.Float64Var(&c.NeighbourRate, "neighbour-rate", 40, "requests per second of the noisy neighbour (ConfigMap PUT, GET and LIST in turn)")
+	matETag := fs.Bool("mat-etag", true, "the MAT simulators send ETags and answer If-None-Match with 304 (false: a MAT without conditional requests)")
 	fs.StringVar(&c.Matbus, "matbus", "bin/matbus", "the matbus binary (make build)")
 	fs.StringVar(&c.NATSServer, "nats-server", "", "the nats-server binary (default: nats-server beside kube-apiserver, e.g. .bin/)")
 	fs.StringVar(&c.JSON, "json", "", "also write the table and the details as JSON to this file")
+	fs.StringVar(&c.PprofDir, "pprof-dir", "", "save CPU profiles of kube-apiserver to this folder: one during the floor's creates and its deletes, one during each round's converge and delete fan-out "+
+		"(summarize with go tool pprof -top)")
+	fs.DurationVar(&c.PprofLength, "pprof-seconds", 20*time.Second, "length of each --pprof-dir profile; it starts 3 s (or a quarter of this, if less) into its phase")
 	fs.StringVar(&c.LogDir, "log-dir", "", "keep the processes' logs in this folder (default: a temporary folder, removed)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -79,11 +91,15 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	c.MATNoETag = !*matETag
 	var err error
 	if c.Workers, err = parseWorkers(workers); err != nil {
 		return nil, err
 	}
 	c.WorkerArgs, c.DiscoveryArgs = strings.Fields(workerArgs), strings.Fields(discoveryArgs)
+	if c.Simulators == 0 {
+		c.Simulators = autoSimulators(c.Services)
+	}
 	switch {
 	case c.Simulators < 1:
 		return nil, errors.New("--simulators must be at least 1")
@@ -91,6 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("--services must be at least --simulators")
 	case c.Reactions < 0:
 		return nil, errors.New("--reactions must be >= 0")
+	case c.NeighbourRate <= 0:
+		return nil, errors.New("--neighbour-rate must be positive")
 	case c.InFlight < 1:
 		return nil, errors.New("--floor-in-flight must be >= 1")
 	case c.Repeat < 1:
@@ -99,11 +117,30 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, errors.New("--steady and --timeout must be positive, --idle >= 0")
 	case c.SyncInterval < 0:
 		return nil, errors.New("--sync-interval must be positive")
+	case c.PprofLength < time.Second:
+		return nil, errors.New("--pprof-seconds must be at least 1s")
 	}
 	return c, nil
 }
 
+// minSimulators and bmcsPerSimulator shape the default --simulators: at
+// least 5 MAT instances, and at most 500 BMCs each, as MAT deployments of
+// users' sites are (20,000 Services: 40 instances).
+const (
+	minSimulators    = 5
+	bmcsPerSimulator = 500
+)
+
+// autoSimulators is the default --simulators for n Services (never more
+// than n, at least 1).
+func autoSimulators(n int) int {
+	return max(1, min(n, max(minSimulators, (n+bmcsPerSimulator-1)/bmcsPerSimulator)))
+}
+
 func main() {
+	if code, ran := simHostMain(); ran {
+		os.Exit(code)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go func() { // a second Ctrl-C ends the harness at once
@@ -132,6 +169,7 @@ type bench struct {
 	start   time.Time
 	dir     string // process logs and NATS stores
 	cluster *kubelocal.Cluster
+	audit   auditLog             // the API server's audit log
 	kube    kubernetes.Interface // admin, counted in reqs
 	raw     kubernetes.Interface // admin without a client-side rate limit (the floor)
 	reqs    atomic.Int64         // requests the harness itself sent to the API server
@@ -152,6 +190,11 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 			return err
 		}
 		b.dir = cfg.LogDir
+	}
+	if cfg.PprofDir != "" {
+		if err := os.MkdirAll(cfg.PprofDir, 0o755); err != nil {
+			return err
+		}
 	}
 	binDir, err := kubelocal.FindBinaries()
 	if err != nil {
@@ -175,12 +218,13 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 
 	t := time.Now()
 	sctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	b.cluster, err = kubelocal.Start(sctx, kubelocal.Config{BinDir: binDir})
+	b.cluster, err = kubelocal.Start(sctx, kubelocal.Config{BinDir: binDir, Audit: true})
 	cancel()
 	if err != nil {
 		return err
 	}
 	defer b.cluster.Stop()
+	b.audit = auditLog{path: b.cluster.AuditLog}
 	b.logf("kube-apiserver + etcd ready at %s in %s", b.cluster.URL, since(t))
 	if err := b.clients(); err != nil {
 		return err
@@ -216,6 +260,9 @@ func (b *bench) scenario(ctx context.Context) error {
 			b.logf("repetition %d of %d", rep, b.cfg.Repeat)
 		}
 		if err := b.floor(ctx, rep); err != nil {
+			return err
+		}
+		if err := b.neighbourFloor(ctx, rep); err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -308,7 +355,11 @@ func (b *bench) floor(ctx context.Context, rep int) error {
 	f := &floorResult{Services: len(svcs), Repeat: rep}
 	b.result.Floors = append(b.result.Floors, f)
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
+	ccpu, _ := load.SampleCPU()
+	prof := b.profile(cctx, fmt.Sprintf("r%d floor create", rep))
 	f.Create = floorCreate(cctx, b.raw, svcs, b.cfg.InFlight)
+	f.CreateCPU = ccpu.Since(f.Create.Seconds)
+	prof()
 	cancel()
 	b.logf("floor: %d raw creates, %d in flight: %.2fs (%d failed)", len(svcs), b.cfg.InFlight, f.Create.Seconds, f.Create.Failed)
 	if ctx.Err() != nil {
@@ -317,8 +368,10 @@ func (b *bench) floor(ctx context.Context, rep int) error {
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	req0, _ := b.scrape(ctx)
 	cpu0, _ := load.SampleCPU()
+	prof = b.profile(dctx, fmt.Sprintf("r%d floor delete", rep))
 	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight)
 	f.DeleteCPU = cpu0.Since(f.Delete.Seconds)
+	prof()
 	cancel()
 	if req1, err := b.scrape(ctx); err == nil && req0 != nil {
 		f.DeleteAPI = req1.Sub(req0)
@@ -375,6 +428,7 @@ func (b *bench) cleanNamespace(ns string) {
 // before the second with false.
 func (b *bench) apiWindow(ctx context.Context, d time.Duration, during func(start bool)) (apiWindow, error) {
 	before := b.reqs.Load()
+	offset := b.audit.Offset()
 	c1, err := b.scrape(ctx)
 	if err != nil {
 		return apiWindow{}, err
@@ -391,7 +445,8 @@ func (b *bench) apiWindow(ctx context.Context, d time.Duration, during func(star
 		during(false)
 	}
 	own := b.reqs.Load() - before
-	elapsed := time.Since(t1)
+	t2 := time.Now()
+	elapsed := t2.Sub(t1)
 	c2, err := b.scrape(context.WithoutCancel(ctx))
 	if err != nil {
 		return apiWindow{}, err
@@ -399,6 +454,12 @@ func (b *bench) apiWindow(ctx context.Context, d time.Duration, during func(star
 	raw := c2.Sub(c1)
 	w := apiWindow{Seconds: elapsed.Seconds(), Raw: raw, Harness: own, Interrupted: ctx.Err() != nil}
 	w.PerMinute = (raw.Total() - float64(own)) / elapsed.Minutes()
+	if b.audit.path != "" {
+		time.Sleep(auditGrace)
+		if w.Audit, err = b.audit.Window(offset, t1, t2); err != nil {
+			b.logf("%v", err)
+		}
+	}
 	return w, nil
 }
 

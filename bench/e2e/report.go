@@ -28,21 +28,25 @@ type result struct {
 // floorResult is the raw client-go floor: creates and deletes of the same
 // Services, InFlight calls at once, no client-side rate limit.
 type floorResult struct {
-	Repeat    int           `json:"repeat"` // repetition, from 1
-	Services  int           `json:"services"`
-	Create    load.Timed    `json:"create"`
-	Delete    load.Timed    `json:"delete"`
-	DeleteCPU *load.CPUUse  `json:"delete_cpu,omitempty"`
-	DeleteAPI requestCounts `json:"delete_api_requests,omitempty"` // the API server's requests during the deletes
+	Repeat    int             `json:"repeat"` // repetition, from 1
+	Services  int             `json:"services"`
+	Create    load.Timed      `json:"create"`
+	CreateCPU *load.CPUUse    `json:"create_cpu,omitempty"`
+	Delete    load.Timed      `json:"delete"`
+	DeleteCPU *load.CPUUse    `json:"delete_cpu,omitempty"`
+	DeleteAPI requestCounts   `json:"delete_api_requests,omitempty"` // the API server's requests during the deletes
+	Neighbour *neighbourFloor `json:"neighbour,omitempty"`
 }
 
 // apiWindow is the API server's request count over a window.
 type apiWindow struct {
-	Seconds     float64       `json:"seconds"`
-	PerMinute   float64       `json:"per_minute"` // (Raw total − Harness) per minute
-	Raw         requestCounts `json:"raw"`        // apiserver_request_total delta by "VERB resource"
-	Harness     int64         `json:"harness"`    // the harness's own requests in the window
-	Interrupted bool          `json:"interrupted,omitempty"`
+	Seconds   float64       `json:"seconds"`
+	PerMinute float64       `json:"per_minute"` // (Raw total − Harness) per minute
+	Raw       requestCounts `json:"raw"`        // apiserver_request_total delta by "VERB resource"
+	Harness   int64         `json:"harness"`    // the harness's own requests in the window
+	// Audit is the window's requests by client, from the audit log.
+	Audit       auditCounts `json:"audit,omitempty"`
+	Interrupted bool        `json:"interrupted,omitempty"`
 }
 
 // phase is one timed change: from the change to the watch event that
@@ -85,23 +89,26 @@ type reaction struct {
 
 // roundResult is one scenario run with Workers worker processes.
 type roundResult struct {
-	Workers               int           `json:"workers"`
-	Repeat                int           `json:"repeat"` // repetition, from 1
-	Column                int           `json:"column"` // index of Workers in --workers
-	Services              int           `json:"services"`
-	Converge              *phase        `json:"converge,omitempty"`
-	Grow                  *phase        `json:"grow,omitempty"`
-	Shrink                *phase        `json:"shrink,omitempty"`
-	Delete                *phase        `json:"delete,omitempty"`
-	DeleteCPU             *load.CPUUse  `json:"delete_cpu,omitempty"`
-	DeleteAPI             requestCounts `json:"delete_api_requests,omitempty"` // the API server's requests during the fan-out
-	Reactions             *reactions    `json:"reactions,omitempty"`
-	API                   *apiWindow    `json:"steady_api,omitempty"`
-	MATGetsPerInstanceMin float64       `json:"mat_gets_per_instance_per_minute"`
-	NewConnsPerInstance   float64       `json:"new_connections_per_instance"`
-	WorkerRSS             int64         `json:"worker_rss_bytes"`
-	WorkerHWM             int64         `json:"worker_hwm_bytes"`
-	Notes                 []string      `json:"notes,omitempty"`
+	Workers               int              `json:"workers"`
+	Repeat                int              `json:"repeat"` // repetition, from 1
+	Column                int              `json:"column"` // index of Workers in --workers
+	Services              int              `json:"services"`
+	Converge              *phase           `json:"converge,omitempty"`
+	Grow                  *phase           `json:"grow,omitempty"`
+	Shrink                *phase           `json:"shrink,omitempty"`
+	Delete                *phase           `json:"delete,omitempty"`
+	DeleteCPU             *load.CPUUse     `json:"delete_cpu,omitempty"`
+	DeleteAPI             requestCounts    `json:"delete_api_requests,omitempty"` // the API server's requests during the fan-out
+	Reactions             *reactions       `json:"reactions,omitempty"`
+	API                   *apiWindow       `json:"steady_api,omitempty"`
+	MATGetsPerInstanceMin float64          `json:"mat_gets_per_instance_per_minute"`
+	NewConnsPerInstance   float64          `json:"new_connections_per_instance"`
+	MATCost               *matCost         `json:"mat_cost,omitempty"`
+	WorkerRSS             int64            `json:"worker_rss_bytes"`
+	WorkerHWM             int64            `json:"worker_hwm_bytes"`
+	Notes                 []string         `json:"notes,omitempty"`
+	Neighbour             *neighbourWindow `json:"neighbour,omitempty"` // during the re-converge after the fan-out
+	Scale                 *roundScale      `json:"scale,omitempty"`
 }
 
 // rowDef defines a table row: its measure, unit, how a repetition's floor
@@ -271,6 +278,9 @@ func (r *result) rows() []tableRow {
 		{"8. worker VmHWM (peak RSS), max", "MiB", nil,
 			func(x *roundResult) (*float64, string) { return memCell(x.WorkerHWM) }},
 	}
+	defs = append(defs, scaleRows(r)...)
+	defs = append(defs, matCostRows()...)
+	defs = append(defs, neighbourRows(r)...)
 	floorOf := map[int]*floorResult{}
 	for _, f := range r.Floors {
 		floorOf[f.Repeat] = f
@@ -440,11 +450,20 @@ func (r *result) table() string {
 	}
 	if r.Idle != nil {
 		fmt.Fprintf(&b, "- API server alone, %s: %s\n", num(r.Idle.Seconds)+" s", orNone(r.Idle.Raw.String()))
+		if r.Idle.Audit != nil {
+			fmt.Fprintf(&b, "  - by client (audit log): %s\n", orNone(r.Idle.Audit.String()))
+		}
 	}
 	for _, rr := range r.Rounds {
 		if rr.API != nil {
 			fmt.Fprintf(&b, "- %d worker%s%s, steady %s s: %s (%d of them the harness's)\n", rr.Workers, plural(rr.Workers),
 				r.repTag(rr.Repeat), num(rr.API.Seconds), orNone(rr.API.Raw.String()), rr.API.Harness)
+			if rr.API.Audit != nil {
+				fmt.Fprintf(&b, "  - by client (audit log): %s\n", orNone(rr.API.Audit.String()))
+			}
+		}
+		for _, n := range scaleNotes(rr) {
+			fmt.Fprintf(&b, "  - %s\n", n)
 		}
 		for _, n := range rr.Notes {
 			fmt.Fprintf(&b, "- %d worker%s%s: %s\n", rr.Workers, plural(rr.Workers), r.repTag(rr.Repeat), n)
@@ -468,7 +487,8 @@ func (r *result) defaultsLine() string {
 		add("discovery", "sync-interval")
 	}
 	add("discovery", "poll-interval")
-	for _, f := range []string{"kube-qps", "kube-burst", "jobs", "fetches", "delete-jobs", "concurrency", "mat-timeout"} {
+	add("discovery", "poll-max-interval")
+	for _, f := range []string{"kube-rate", "kube-qps", "kube-burst", "kube-qps-max", "kube-max-inflight", "jobs", "fetches", "delete-jobs", "concurrency", "mat-timeout"} {
 		add("worker", f)
 	}
 	return strings.Join(parts, ", ")

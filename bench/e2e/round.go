@@ -48,21 +48,18 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 	defer nproc.Stop()
 
-	sims := make([]*matsim.Server, len(b.fleets.base))
+	// The simulators run in a process of their own (simhost.go).
+	host, err := startSimHost(rctx, dir, "matsim", b.fleets.base, b.cfg.MATNoETag)
+	if err != nil {
+		return err
+	}
+	defer host.Stop()
+	sims := host.simulators()
 	cur := make([]*matsim.Fleet, len(b.fleets.base))
 	var static []string
 	for i, fl := range b.fleets.base {
-		s, err := matsim.New(matsim.Options{Fleet: fl, TLS: true})
-		if err != nil {
-			return err
-		}
-		defer s.Close()
-		url, err := s.Start(rctx, "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		sims[i], cur[i] = s, fl.Clone()
-		static = append(static, "mat-"+strconv.Itoa(i)+"="+url)
+		cur[i] = fl.Clone()
+		static = append(static, "mat-"+strconv.Itoa(i)+"="+host.urls[i])
 	}
 
 	tr, err := startTracker(rctx, b.kube, ns)
@@ -98,6 +95,8 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		}
 	}
 	b.logf("%s: %d worker(s) ready in %s", tag, r.Workers, since(t))
+	r.Scale = &roundScale{}
+	snap := b.snapshot(rctx, workers)
 
 	// 1. converge from empty: discovery starts now.
 	all := allNames(cur)
@@ -112,12 +111,15 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	if b.cfg.SyncInterval > 0 {
 		args = append(args, "--sync-interval", b.cfg.SyncInterval.String())
 	}
+	convergeAudit := b.audit.Offset()
 	t0 := time.Now()
+	ccpu, _ := load.SampleCPU()
 	disc, err := startProc(rctx, dir, "discovery", b.cfg.Matbus, append(args, b.cfg.DiscoveryArgs...)...)
 	if err != nil {
 		return err
 	}
 	defer disc.Stop()
+	prof := b.profile(rctx, fmt.Sprintf("r%d w%d converge", idx, r.Workers))
 	// alive ends a wait early when a matbus process has exited.
 	alive := func() error {
 		for _, p := range append(slices.Clone(workers), disc) {
@@ -128,6 +130,18 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return nil
 	}
 	r.Converge = b.await(rctx, tr, w, t0, alive, tag, fmt.Sprintf("converge: %d Services", len(all)))
+	r.Scale.ConvergeCPU = ccpu.Since(time.Since(t0).Seconds())
+	next := b.snapshot(rctx, workers)
+	r.Scale.Converge, snap = deltaOf(snap, next), next
+	b.logf("%s: converge CPU: %s", tag, r.Scale.ConvergeCPU)
+	if b.audit.path != "" {
+		t1 := time.Now()
+		time.Sleep(auditGrace)
+		if r.Scale.ConvergeAudit, err = b.audit.Window(convergeAudit, t0, t1); err != nil {
+			b.logf("%v", err)
+		}
+	}
+	prof()
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -159,9 +173,11 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 
 	// 5. reactions (before the steady window and the delete, which empty nothing yet).
+	snap = b.snapshot(rctx, workers)
 	if err := b.reactions(rctx, r, tr, sims, cur, alive, tag); err != nil {
 		return err
 	}
+	r.Scale.Reactions = deltaOf(snap, b.snapshot(rctx, workers))
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -169,6 +185,11 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	// 6, 7. steady window: nothing changes. It starts settle after the
 	// last reaction's watch event: the API server counts a request when
 	// it has answered, which can be after the watch event went out.
+	mc, err := b.startMATCost(rctx, dir, host, cur) // 9. what MAT pays
+	if err != nil {
+		return err
+	}
+	defer mc.Stop()
 	select {
 	case <-rctx.Done():
 		return nil
@@ -177,6 +198,9 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	t = time.Now()
 	var req0, conn0 int64
 	api, err := b.apiWindow(rctx, b.cfg.Steady, func(start bool) {
+		if !start {
+			r.MATCost = mc.end() // before the counter reads below, which cost the simulators CPU
+		}
 		var req, conn int64
 		for _, s := range sims {
 			req += s.Requests()
@@ -184,7 +208,19 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		}
 		if start {
 			req0, conn0 = req, conn
+			snap = b.snapshot(rctx, workers)
+			mc.begin(rctx)
 			return
+		}
+		b.logf("%s: MAT cost over the steady window (ETags %v):%s", tag, mc.ETag, mc)
+		r.Scale.Steady = deltaOf(snap, b.snapshot(rctx, workers))
+		for _, p := range workers {
+			if rss, _, err := p.Mem(); err == nil {
+				r.Scale.SteadyWorkerRSS = max(r.Scale.SteadyWorkerRSS, rss)
+			}
+		}
+		if rss, _, err := disc.Mem(); err == nil {
+			r.Scale.SteadyDiscoveryRSS = rss
 		}
 		n := float64(len(sims))
 		r.MATGetsPerInstanceMin = float64(req-req0) / n / time.Since(t).Minutes()
@@ -204,8 +240,11 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	all = allNames(cur)
 	w = tr.Expect(all, false)
 	api0, _ := b.scrape(rctx)
+	snap = b.snapshot(rctx, workers)
+	auditAt := b.audit.Offset()
 	t0 = time.Now()
 	cpu0, _ := load.SampleCPU()
+	prof = b.profile(rctx, fmt.Sprintf("r%d w%d fan-out", idx, r.Workers))
 	for i, s := range sims {
 		empty := &matsim.Fleet{InventoryID: cur[i].InventoryID}
 		if err := s.SetFleet(empty); err != nil {
@@ -220,6 +259,15 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		r.DeleteAPI = api1.Sub(api0)
 	}
 	b.logf("%s: delete fan-out CPU: %s; API requests answered by the last watch event: %s", tag, r.DeleteCPU, r.DeleteAPI)
+	prof()
+	r.Scale.Delete = deltaOf(snap, b.snapshot(rctx, workers))
+	if b.audit.path != "" {
+		t1 := time.Now()
+		time.Sleep(auditGrace)
+		if r.Scale.DeleteAudit, err = b.audit.Window(auditAt, t0, t1); err != nil {
+			b.logf("%v", err)
+		}
+	}
 
 	// 8. worker memory after the run.
 	for _, p := range workers {
@@ -231,6 +279,15 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		r.WorkerRSS, r.WorkerHWM = max(r.WorkerRSS, rss), max(r.WorkerHWM, hwm)
 	}
 	b.logf("%s: worker RSS max %.1f MiB, VmHWM max %.1f MiB", tag, mib(r.WorkerRSS), mib(r.WorkerHWM))
+	if _, hwm, err := disc.Mem(); err == nil {
+		r.Scale.DiscoveryHWM = hwm
+	}
+	for _, n := range scaleNotes(r) {
+		b.logf("%s: %s", tag, n)
+	}
+	if err := b.neighbourRound(rctx, r, tr, sims, cur, alive, tag); err != nil {
+		return err
+	}
 	for _, p := range append(slices.Clone(workers), disc) {
 		errs, warns := p.CountLines("level=ERROR"), p.CountLines("level=WARN")
 		if errs+warns > 0 {
@@ -267,7 +324,7 @@ func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time,
 // changes, so the host changes and the others are also reported apart,
 // and made on disjoint instances (even and odd ones; both on the one
 // instance of a one-simulator run).
-func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims []*matsim.Server, cur []*matsim.Fleet, alive func() error, tag string) error {
+func (b *bench) reactions(ctx context.Context, r *roundResult, tr *tracker, sims []simulator, cur []*matsim.Fleet, alive func() error, tag string) error {
 	k := b.cfg.Reactions
 	if k == 0 {
 		return nil

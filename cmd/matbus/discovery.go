@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -28,6 +29,8 @@ type discoveryOpts struct {
 	static                           givenList
 	staticFile, staticName           string
 	interval, poll, probeMax         time.Duration
+	pollMax                          time.Duration
+	pollMaxGiven                     bool
 	leaderElect                      bool
 	leaseOwner                       string
 	leaseName, leaseNamespace, ident string
@@ -49,6 +52,7 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.staticName, "static-name", "static", "scope name of the static source; publishers of different scopes never report each other's instances gone")
 	durationVar(fs, &o.interval, "sync-interval", 30*time.Second, "how often every instance gets a full resync (plan and apply even when its status looks unchanged)")
 	durationVar(fs, &o.poll, "poll-interval", time.Second, "how often every instance's status is polled; an unchanged status costs one GET and no Kubernetes request")
+	givenDurationVar(fs, &o.pollMax, &o.pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
 	durationVar(fs, &o.probeMax, "probe-max-interval", 2*time.Minute, "longest wait between probes of an instance taken out of rotation after failed fetches")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "campaign for a Lease so only one publisher runs at a time (needs the Kubernetes API)")
 	fs.StringVar(&o.leaseName, "lease-name", "matbus-discovery", "name of the leader-election Lease")
@@ -76,6 +80,10 @@ func (o *discoveryOpts) validate() error {
 	}
 	if o.poll < 100*time.Millisecond || o.poll > o.interval {
 		return fmt.Errorf("%w: --poll-interval must be at least 100ms and at most --sync-interval", errUsage)
+	}
+	var err error
+	if o.pollMax, err = pollMaxInterval(o.poll, o.pollMax, o.pollMaxGiven, o.interval); err != nil {
+		return err
 	}
 	if o.probeMax < o.poll {
 		return fmt.Errorf("%w: --probe-max-interval must be at least --poll-interval", errUsage)
@@ -172,6 +180,9 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	var kube kubernetes.Interface
 	if !o.isStatic() || o.leaderElect {
 		cfg, err := k.restConfig()
+		if err == nil {
+			cfg.UserAgent = kubeUserAgent("discovery", cmp.Or(o.ident, hostname()))
+		}
 		if err != nil {
 			if o.leaderElect && o.isStatic() {
 				// A kubeconfig that was given but cannot be read is a file
@@ -223,6 +234,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	var sched atomic.Pointer[discovery.Scheduler]
 	var cur atomic.Pointer[leadState]
 	reg := discoveryRegistry(bus, rep, &leading, &sched, &cur, watch)
+	k.registerMetrics(reg)
 	var probe *apiProbe
 	if kube != nil {
 		probe = startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log)
@@ -308,7 +320,27 @@ func serveSources(ctx context.Context, addr string, sources *discovery.SourceLis
 // (may be nil) records the scheduler's Kubernetes Events.
 func (o *discoveryOpts) publisherConfig(kev *kubeevents.Recorder) discovery.PublisherConfig {
 	return discovery.PublisherConfig{SyncInterval: o.interval,
-		Scheduler: discovery.SchedulerConfig{PollInterval: o.poll, SyncInterval: o.interval, ProbeMaxInterval: o.probeMax, Events: kev}}
+		Scheduler: discovery.SchedulerConfig{PollInterval: o.poll, PollMaxInterval: o.pollMax, SyncInterval: o.interval, ProbeMaxInterval: o.probeMax, Events: kev}}
+}
+
+// defaultPollMaxInterval is --poll-max-interval's default: a change after
+// a quiet spell waits at most this long for its poll, which keeps the
+// reaction p99 (this plus a sync's own time) under 2 s (ADR 23).
+const defaultPollMaxInterval = 1500 * time.Millisecond
+
+const pollMaxUsage = "longest interval at which an instance is polled while MAT answers its polls 304 Not Modified (it grows from --poll-interval and steps back to it after any change or failure); a MAT without ETags is polled every --poll-interval; equal to --poll-interval turns the stretch off; at most --sync-interval (not set: the default, or --poll-interval when that is longer)"
+
+// pollMaxInterval is the effective --poll-max-interval v: v when it was
+// given (it must lie in [poll, sync]), else the default raised to poll
+// and cut to sync.
+func pollMaxInterval(poll, v time.Duration, given bool, sync time.Duration) (time.Duration, error) {
+	if !given {
+		return min(max(v, poll), sync), nil
+	}
+	if v < poll || v > sync {
+		return 0, fmt.Errorf("%w: --poll-max-interval %v must be at least --poll-interval (%v) and at most --sync-interval (%v); equal to --poll-interval turns the stretch off", errUsage, v, poll, sync)
+	}
+	return v, nil
 }
 
 // schedulerMetrics exports the stats of the scheduler that sched points at
@@ -330,6 +362,8 @@ func schedulerMetrics(reg *prometheus.Registry, sched *atomic.Pointer[discovery.
 		func(s discovery.SchedulerStats) float64 { return float64(s.OutOfRotation) })
 	gauge("instances_overdue", "Instances whose last good sync is older than the sync interval plus the poll interval.",
 		func(s discovery.SchedulerStats) float64 { return float64(s.Overdue) })
+	gauge("instances_stretched", "Instances polled at more than --poll-interval (up to --poll-max-interval) because MAT answers their polls 304 Not Modified.",
+		func(s discovery.SchedulerStats) float64 { return float64(s.Stretched) })
 	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_jobs_dispatched_total", "Sync jobs published, by reason.", []string{"reason"}, nil),
 		values: func() map[string]int64 { return stats().Dispatched }})
 	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_results_total", "Sync results received from workers, by outcome.", []string{"outcome"}, nil),

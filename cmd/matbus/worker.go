@@ -247,10 +247,14 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	cfg.UserAgent = kubeUserAgent("worker", o.workerName())
 	reg := newRegistry()
+	k.registerMetrics(reg)
 	// The readiness probe's GET /version gets its own client, left out of
 	// matbus_kube_requests_total, which counts the work's requests only.
-	probeKube, err := kubeClient(rest.CopyConfig(cfg))
+	probeCfg := rest.CopyConfig(cfg)
+	probeCfg.UserAgent = kubeUserAgent("worker", o.workerName(), "readiness")
+	probeKube, err := kubeClient(probeCfg)
 	if err != nil {
 		return err
 	}
@@ -278,7 +282,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	workerMetrics(reg, w)
 	eventMetrics(reg, bus, rep)
 	reg.MustRegister(newConsumerCollector(bus))
-	ready := workerReadiness(nc, startAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, log), w)
+	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
+	ready := workerReadiness(nc, startAPIProbeUnless(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
 	readyMetric(reg, "worker", ready.err)
 	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
 		return err
@@ -303,8 +308,9 @@ func workerReadiness(nc *nats.Conn, probe *apiProbe, w *worker.Worker) readiness
 // countKubeRequests counts every request of cfg's clients by HTTP method
 // in matbus_kube_requests_total{method} (a watch counts once, when it
 // starts). In steady state a worker's work makes none: every read comes
-// from its informer. The readiness probe (GET /version every 5 s) uses
-// another client and is not counted.
+// from its informer. The readiness probe (GET /version every 5 s while
+// the Service informer is not synced and healthy) uses another client and
+// is not counted.
 func countKubeRequests(cfg *rest.Config, reg *prometheus.Registry) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Name: "kube_requests_total",
 		Help: "Kubernetes API requests sent, by HTTP method (a watch counts once, when it starts)."}, []string{"method"})

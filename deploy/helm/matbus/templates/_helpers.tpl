@@ -119,6 +119,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.common.kubeQPS | quote }}
 - name: MATBUS_KUBE_BURST
   value: {{ .Values.common.kubeBurst | quote }}
+- name: MATBUS_KUBE_RATE
+  value: {{ .Values.common.kubeRate | quote }}
+- name: MATBUS_KUBE_QPS_MAX
+  value: {{ .Values.common.kubeQPSMax | quote }}
+- name: MATBUS_KUBE_MAX_INFLIGHT
+  value: {{ .Values.common.kubeMaxInFlight | quote }}
 - name: MATBUS_KUBE_COMPRESSION
   value: {{ .Values.common.kubeCompression | quote }}
 - name: MATBUS_HEALTH_ADDR
