@@ -167,24 +167,19 @@ func (t *Tracker) Failing() []string {
 }
 
 // Failures returns the failed calls of each verb since New.
-func (t *Tracker) Failures() map[string]int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	out := make(map[string]int64, len(verbs))
-	for _, v := range verbs {
-		out[v] = t.failures[v]
-	}
-	return out
-}
+func (t *Tracker) Failures() map[string]int64 { return t.byVerb(t.failures) }
 
 // Calls returns the list and watch calls observed since New, failed or
 // not, by verb: an informer's relists and re-opened watches show here.
-func (t *Tracker) Calls() map[string]int64 {
+func (t *Tracker) Calls() map[string]int64 { return t.byVerb(t.made) }
+
+// byVerb copies counts of m (under t.mu) for every verb, 0 for none.
+func (t *Tracker) byVerb(m map[string]int64) map[string]int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := make(map[string]int64, len(verbs))
 	for _, v := range verbs {
-		out[v] = t.made[v]
+		out[v] = m[v]
 	}
 	return out
 }

@@ -7,10 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/matbus/matbus/internal/natsserver"
 )
 
 // TestPullPausesWhileBacklogged runs pull on a real JetStream consumer: while
@@ -18,20 +15,7 @@ import (
 // taken, so they stay available to other consumers; once it reports false
 // the waiting messages are delivered, none lost.
 func TestPullPausesWhileBacklogged(t *testing.T) {
-	srv, err := natsserver.Start(natsserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "B", Subjects: []string{"b.>"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage})

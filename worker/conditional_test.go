@@ -17,10 +17,33 @@ import (
 
 // condLog records, per status request that reached a simulator, whether
 // it carried If-None-Match and the status code of the answer.
-type condLog struct {
-	mu   sync.Mutex
-	reqs []condReq
+// record is a list that handlers append to while the test reads it.
+type record[T any] struct {
+	mu    sync.Mutex
+	items []T
 }
+
+func (l *record[T]) add(v T) {
+	l.mu.Lock()
+	l.items = append(l.items, v)
+	l.mu.Unlock()
+}
+
+// since returns a copy of the items from index i on.
+func (l *record[T]) since(i int) []T {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]T(nil), l.items[min(i, len(l.items)):]...)
+}
+
+func (l *record[T]) len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.items)
+}
+
+// condLog records each status request's If-None-Match and answer code.
+type condLog struct{ record[condReq] }
 
 type condReq struct {
 	inm  string
@@ -41,22 +64,8 @@ func (l *condLog) wrap(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rec := &codeRecorder{ResponseWriter: w, code: http.StatusOK}
 		h.ServeHTTP(rec, r)
-		l.mu.Lock()
-		l.reqs = append(l.reqs, condReq{inm: r.Header.Get("If-None-Match"), code: rec.code})
-		l.mu.Unlock()
+		l.add(condReq{inm: r.Header.Get("If-None-Match"), code: rec.code})
 	})
-}
-
-func (l *condLog) since(i int) []condReq {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]condReq(nil), l.reqs[min(i, len(l.reqs)):]...)
-}
-
-func (l *condLog) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.reqs)
 }
 
 // TestConditionalPolls: against a MAT that sends ETags, polls of an
@@ -130,26 +139,11 @@ func TestConditionalPolls(t *testing.T) {
 
 // resultLog records the sync results of one instance as the scheduler
 // gets them.
-type resultLog struct {
-	mu  sync.Mutex
-	all []timedResult
-}
+type resultLog struct{ record[timedResult] }
 
 type timedResult struct {
 	r  events.SyncResult
 	at time.Time
-}
-
-func (l *resultLog) since(i int) []timedResult {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]timedResult(nil), l.all[min(i, len(l.all)):]...)
-}
-
-func (l *resultLog) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.all)
 }
 
 func (e *env) results(key string) *resultLog {
@@ -159,9 +153,7 @@ func (e *env) results(key string) *resultLog {
 		if r.Key != key {
 			return
 		}
-		l.mu.Lock()
-		l.all = append(l.all, timedResult{r, time.Now()})
-		l.mu.Unlock()
+		l.add(timedResult{r, time.Now()})
 	}, nil)
 	if err != nil {
 		e.t.Fatal(err)

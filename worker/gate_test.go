@@ -16,20 +16,7 @@ import (
 // (which is acknowledged), done hands the waiting one back, and release
 // naks what still waits.
 func TestSubjectGate(t *testing.T) {
-	srv, err := natsserver.Start(natsserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := testJetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "G", Subjects: []string{"g.>"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage})
@@ -132,4 +119,25 @@ func TestSubjectGate(t *testing.T) {
 	if got != 1 {
 		t.Errorf("%d messages redelivered after release, want 1", got)
 	}
+}
+
+// testJetStream starts an embedded NATS server with JetStream and returns
+// a client of it; both end with the test.
+func testJetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	srv, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

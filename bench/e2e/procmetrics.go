@@ -1,16 +1,20 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // promSamples are the samples of a Prometheus text exposition: series
@@ -19,42 +23,66 @@ import (
 type promSamples map[string]float64
 
 // parseProm reads the samples of the metrics whose names start with
-// prefix from a Prometheus text exposition; comments and other metrics
-// are skipped, a sample line of a kept metric that does not parse is an
-// error.
+// prefix from a Prometheus text exposition (Prometheus' own parser,
+// expfmt): counters, gauges and untyped metrics as `name{…}`, histograms
+// as `name_bucket{…,le="…"}` (+Inf included), `name_sum` and `name_count`,
+// summaries as `name{…,quantile="…"}`, `name_sum` and `name_count`. Text
+// that does not parse is an error.
 func parseProm(text, prefix string) (promSamples, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
 	out := promSamples{}
-	sc := bufio.NewScanner(strings.NewReader(text))
-	sc.Buffer(make([]byte, 64*1024), 4*1024*1024)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, prefix) {
+	for name, fam := range families {
+		if !strings.HasPrefix(name, prefix) {
 			continue
 		}
-		i := strings.IndexAny(line, "{ ")
-		if i < 0 {
-			return nil, fmt.Errorf("metrics: no value in %q", line)
-		}
-		name, rest := line[:i], line[i:]
-		series := name
-		if rest[0] == '{' {
-			labels, after, err := parseLabels(rest)
-			if err != nil {
-				return nil, fmt.Errorf("metrics: %w in %q", err, line)
+		for _, m := range fam.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
 			}
-			series, rest = seriesName(name, labels), after
+			with := func(k, v string) map[string]string {
+				l := maps.Clone(labels)
+				l[k] = v
+				return l
+			}
+			switch fam.GetType() {
+			case dto.MetricType_COUNTER:
+				out[seriesName(name, labels)] = m.GetCounter().GetValue()
+			case dto.MetricType_GAUGE:
+				out[seriesName(name, labels)] = m.GetGauge().GetValue()
+			case dto.MetricType_HISTOGRAM:
+				h := m.GetHistogram()
+				for _, b := range h.GetBucket() {
+					out[seriesName(name+"_bucket", with("le", formatBound(b.GetUpperBound())))] = float64(b.GetCumulativeCount())
+				}
+				out[seriesName(name+"_bucket", with("le", "+Inf"))] = float64(h.GetSampleCount())
+				out[seriesName(name+"_sum", labels)] = h.GetSampleSum()
+				out[seriesName(name+"_count", labels)] = float64(h.GetSampleCount())
+			case dto.MetricType_SUMMARY:
+				sm := m.GetSummary()
+				for _, q := range sm.GetQuantile() {
+					out[seriesName(name, with("quantile", formatBound(q.GetQuantile())))] = q.GetValue()
+				}
+				out[seriesName(name+"_sum", labels)] = sm.GetSampleSum()
+				out[seriesName(name+"_count", labels)] = float64(sm.GetSampleCount())
+			default:
+				out[seriesName(name, labels)] = m.GetUntyped().GetValue()
+			}
 		}
-		f := strings.Fields(rest)
-		if len(f) == 0 {
-			return nil, fmt.Errorf("metrics: no value in %q", line)
-		}
-		v, err := strconv.ParseFloat(f[0], 64)
-		if err != nil {
-			return nil, fmt.Errorf("metrics: value in %q: %w", line, err)
-		}
-		out[series] = v
 	}
-	return out, sc.Err()
+	return out, nil
+}
+
+// formatBound prints a bucket bound or quantile as Prometheus does.
+func formatBound(f float64) string {
+	if math.IsInf(f, 1) {
+		return "+Inf"
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64)
 }
 
 // seriesName is `name{k="v",…}` with the labels sorted by name.
