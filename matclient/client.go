@@ -25,7 +25,7 @@ var (
 	// query or fragment.
 	ErrInvalidURL = errors.New("matclient: invalid URL")
 	// ErrInvalidConfig is wrapped by New for a negative Timeout or
-	// MaxBodyBytes.
+	// MaxBodyBytes or BodyMaxAge.
 	ErrInvalidConfig = errors.New("matclient: invalid config")
 	// ErrBodyTooLarge is wrapped by Status when the response body is longer
 	// than Config.MaxBodyBytes.
@@ -75,6 +75,16 @@ type Config struct {
 	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
 	// UserAgent is sent as User-Agent; "" means DefaultUserAgent.
 	UserAgent string
+	// BodyMaxAge lets FullStatus revalidate instead of refetch: the client
+	// keeps the last status body that came whole with a strong ETag and
+	// decoded (one body, as many bytes as MAT sent), and for BodyMaxAge
+	// after that body came, FullStatus sends If-None-Match and decodes the
+	// kept body on a 304. Once it is older, FullStatus fetches the whole
+	// body again, so a MAT whose ETag failed to change with its body is
+	// read in full at least every BodyMaxAge. 0 (the default) keeps no
+	// body: FullStatus is exactly PollStatus(ctx, ""). Negative is an
+	// error.
+	BodyMaxAge time.Duration
 }
 
 // Client talks to one MAT instance. It owns one *http.Client with its own
@@ -86,6 +96,7 @@ type Client struct {
 	statusURL string
 	userAgent string
 	maxBody   int64
+	bodyAge   time.Duration // Config.BodyMaxAge
 
 	transport *http.Transport
 	http      *http.Client
@@ -99,8 +110,13 @@ type Client struct {
 	closeFn  context.CancelFunc
 }
 
-// validator is a strong ETag and the Fingerprint of the body it came with.
-type validator struct{ etag, fingerprint string }
+// validator is a strong ETag and the Fingerprint of the body it came with;
+// with Config.BodyMaxAge also that body and when it came whole.
+type validator struct {
+	etag, fingerprint string
+	body              []byte
+	at                time.Time
+}
 
 var _ io.Closer = (*Client)(nil)
 
@@ -157,6 +173,9 @@ func New(baseURL string, cfg Config) (*Client, error) {
 	if cfg.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("%w: negative MaxBodyBytes %d", ErrInvalidConfig, cfg.MaxBodyBytes)
 	}
+	if cfg.BodyMaxAge < 0 {
+		return nil, fmt.Errorf("%w: negative BodyMaxAge %v", ErrInvalidConfig, cfg.BodyMaxAge)
+	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
@@ -182,6 +201,7 @@ func New(baseURL string, cfg Config) (*Client, error) {
 		statusURL: u.JoinPath(StatusPath).String(),
 		userAgent: cfg.UserAgent,
 		maxBody:   cfg.MaxBodyBytes,
+		bodyAge:   cfg.BodyMaxAge,
 		transport: t,
 		http:      &http.Client{Transport: t, Timeout: cfg.Timeout},
 		closeCtx:  closeCtx,

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"strings"
+	"time"
 )
 
 // Fingerprint returns "sha256:<hex>" of the whole status body: equal
@@ -76,7 +77,7 @@ func (c *Client) PollStatus(ctx context.Context, prev string) (Poll, error) {
 			return Poll{Fingerprint: prev, NotModified: true}, nil
 		}
 		// The 304 refers to no body this client holds: ask again plainly.
-		c.remember("", "")
+		c.forget()
 		held, inm = validator{}, ""
 		if resp, err = c.fetchBody(ctx, ""); err != nil {
 			return Poll{}, err
@@ -85,28 +86,82 @@ func (c *Client) PollStatus(ctx context.Context, prev string) (Poll, error) {
 	fp := Fingerprint(resp.body)
 	same := inm == "" && held.etag != "" && held.etag == resp.etag && held.fingerprint == fp
 	if prev != "" && fp == prev {
-		c.remember(resp.etag, fp)
+		c.remember(resp.etag, fp, resp.body)
 		return Poll{Fingerprint: fp, NotModified: same}, nil
 	}
 	st, err := Decode(resp.body)
 	if err != nil {
-		c.remember("", "")
+		c.forget()
 		return Poll{}, &opError{url: c.statusURL, err: err}
 	}
-	c.remember(resp.etag, fp)
+	c.remember(resp.etag, fp, resp.body)
 	return Poll{Status: st, Fingerprint: fp, NotModified: same}, nil
+}
+
+// FullStatus fetches the whole status for a full sync: on success
+// Poll.Status is never nil, and Poll.Fingerprint is its body's
+// Fingerprint. Errors are those of Status.
+//
+// Without Config.BodyMaxAge it is PollStatus(ctx, ""): a plain GET.
+// With it, while the client keeps a body that came whole with a strong
+// ETag less than BodyMaxAge ago, the GET carries If-None-Match with that
+// ETag. A 304 naming that ETag (or none) decodes the kept body again and
+// returns it with NotModified true: the status and fingerprint a whole
+// body would have given, since a strong ETag names those exact bytes
+// (RFC 9110 §8.8.1), with no body on the wire. A 2xx is read like a
+// plain GET's; a 304 naming another ETag forgets the kept body and asks
+// again without conditions. A kept body older than BodyMaxAge, or none
+// (a MAT that sends no ETag or a weak one), means the plain GET.
+func (c *Client) FullStatus(ctx context.Context) (Poll, error) {
+	c.valMu.Lock()
+	held := c.val
+	c.valMu.Unlock()
+	if c.bodyAge <= 0 || held.body == nil || time.Since(held.at) >= c.bodyAge {
+		return c.PollStatus(ctx, "")
+	}
+	resp, err := c.fetchBody(ctx, held.etag)
+	if err != nil {
+		return Poll{}, err
+	}
+	if resp.notModified {
+		if resp.etag != "" && resp.etag != held.etag {
+			c.forget()
+			return c.PollStatus(ctx, "")
+		}
+		st, err := Decode(held.body)
+		if err != nil { // kept only after it decoded; never expected
+			c.forget()
+			return Poll{}, &opError{url: c.statusURL, err: err}
+		}
+		return Poll{Status: st, Fingerprint: held.fingerprint, NotModified: true}, nil
+	}
+	fp := Fingerprint(resp.body)
+	st, err := Decode(resp.body)
+	if err != nil {
+		c.forget()
+		return Poll{}, &opError{url: c.statusURL, err: err}
+	}
+	c.remember(resp.etag, fp, resp.body)
+	return Poll{Status: st, Fingerprint: fp}, nil
 }
 
 // remember keeps etag as the validator of the body fingerprinted fp if it
 // is a strong entity tag (`"…"`), and forgets any validator otherwise. A
 // weak tag (W/"…") promises an equivalent body, not the same bytes, so it
-// cannot vouch for a fingerprint.
-func (c *Client) remember(etag, fp string) {
+// cannot vouch for a fingerprint. With Config.BodyMaxAge the body is kept
+// too, and now is when it came whole.
+func (c *Client) remember(etag, fp string, body []byte) {
 	v := validator{}
 	if len(etag) >= 2 && etag[0] == '"' && etag[len(etag)-1] == '"' && !strings.Contains(etag[1:len(etag)-1], `"`) {
 		v = validator{etag: etag, fingerprint: fp}
+		if c.bodyAge > 0 {
+			v.body, v.at = body, time.Now()
+		}
 	}
 	c.valMu.Lock()
 	c.val = v
 	c.valMu.Unlock()
 }
+
+// forget drops the validator (and any kept body).
+func (c *Client) forget() { c.remember("", "", nil) }

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -9,9 +10,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
 )
 
@@ -241,6 +244,73 @@ func TestConditionalPollsStretch(t *testing.T) {
 			}
 			if !synced {
 				t.Error("no synced result for the change")
+			}
+		})
+	}
+}
+
+// TestRevalidatedFullResync: with matclient's BodyMaxAge, a full resync of
+// an unchanged status is revalidated — If-None-Match, a 304, no body — and
+// still plans from the whole status: a Service deleted behind matbus's
+// back is created again by the resync, the others are left as they are.
+// A status that changed is read whole by the resync's conditional GET. A
+// MAT without ETags gets no condition on a resync either.
+func TestRevalidatedFullResync(t *testing.T) {
+	for _, etag := range []bool{true, false} {
+		t.Run(fmt.Sprintf("etag=%v", etag), func(t *testing.T) {
+			e := newEnv(t)
+			sim, err := matsim.New(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed), DisableETag: !etag})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sim.Close() })
+			var log condLog
+			front := httptest.NewServer(log.wrap(sim))
+			t.Cleanup(front.Close)
+
+			e.startPolling(e.entry("mat-a", front.URL))
+			w := e.startWorker(workerOpts{Mat: matclient.Config{BodyMaxAge: time.Hour}})
+			before := e.waitServices(v2MixedNames()...)
+			e.steady(w, sim)
+
+			// Resync of an unchanged status: only 304s, with a condition.
+			at := log.len()
+			if err := w.Sync(e.ctx, e.key("mat-a")); err != nil {
+				t.Fatalf("full resync: %v", err)
+			}
+			for _, r := range log.since(at) {
+				switch {
+				case etag && (r.inm == "" || r.code != http.StatusNotModified):
+					t.Errorf("unchanged status: a request with If-None-Match %q answered %d during the resync, want only 304s to a condition", r.inm, r.code)
+				case !etag && (r.inm != "" || r.code != http.StatusOK):
+					t.Errorf("MAT without ETag: If-None-Match %q, answered %d", r.inm, r.code)
+				}
+			}
+			if after := e.waitServices(v2MixedNames()...); !maps.Equal(uids(before), uids(after)) {
+				t.Errorf("the revalidated resync changed Services: before %v, after %v", uids(before), uids(after))
+			}
+
+			// Drift in Kubernetes: the revalidated resync plans it back.
+			const gone = "mat-bmc-host-7ec7b7c3-126-c030b365"
+			if err := e.kube.CoreV1().Services(e.ns).Delete(e.ctx, gone, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, gone+" back", func() (bool, string) {
+				if err := w.Sync(e.ctx, e.key("mat-a")); err != nil {
+					return false, err.Error()
+				}
+				return e.service(gone) != nil, "missing"
+			})
+
+			// A changed status: the resync's conditional GET gets the body.
+			if err := sim.SetBMCIP("7ec7b7c3-126b-412a-babf-fd79d002e921", "10.96.64.51"); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Sync(e.ctx, e.key("mat-a")); err != nil {
+				t.Fatalf("full resync after a change: %v", err)
+			}
+			if s := e.service(gone); s == nil || s.Spec.ClusterIP != "10.96.64.51" {
+				t.Errorf("after the resync of a changed status, %s is %v, want clusterIP 10.96.64.51", gone, s)
 			}
 		})
 	}

@@ -342,10 +342,11 @@ func (w *Worker) afterGone(ctx context.Context, key string, seq uint64, jobID st
 }
 
 // fingerprinter is implemented by clients that can tell an unchanged
-// status without decoding it, and whether MAT said it was not modified
-// (*matclient.Client).
+// status without decoding it, whether MAT said it was not modified, and
+// that can revalidate a whole status they hold (*matclient.Client).
 type fingerprinter interface {
 	PollStatus(ctx context.Context, prev string) (matclient.Poll, error)
+	FullStatus(ctx context.Context) (matclient.Poll, error)
 }
 
 // closedDuringFetch is the result of a sync whose MAT client was closed
@@ -360,10 +361,15 @@ func closedDuringFetch(log *slog.Logger) events.SyncResult {
 
 // fetchStatus fetches the status once. With a client that fingerprints,
 // it returns no status and fingerprint prev when the status is unchanged
-// since prev (NotModified when MAT answered 304); other clients always
-// return the decoded status, fingerprint "" and never NotModified.
+// since prev (NotModified when MAT answered 304), and for prev "" (a
+// full sync) always the decoded status, which the client may have
+// revalidated with a 304 (matclient.Client.FullStatus); other clients
+// always return the decoded status, fingerprint "" and never NotModified.
 func fetchStatus(ctx context.Context, c StatusClient, prev string) (matclient.Poll, error) {
 	if f, ok := c.(fingerprinter); ok {
+		if prev == "" {
+			return f.FullStatus(ctx)
+		}
 		return f.PollStatus(ctx, prev)
 	}
 	st, err := c.Status(ctx)

@@ -276,6 +276,28 @@ func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Durat
 	fs.Var(positiveDuration{p}, name, usage)
 }
 
+// nonNegativeDuration is a duration flag where 0 means "off".
+type nonNegativeDuration struct{ d *time.Duration }
+
+func (p nonNegativeDuration) String() string {
+	if p.d == nil {
+		return ""
+	}
+	return p.d.String()
+}
+
+func (p nonNegativeDuration) Set(v string) error {
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return err
+	}
+	if d < 0 {
+		return fmt.Errorf("must not be negative, got %s", v)
+	}
+	*p.d = d
+	return nil
+}
+
 // givenDuration is a positiveDuration that records in *given whether it
 // was set (on the command line or from the environment).
 type givenDuration struct {

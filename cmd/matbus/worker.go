@@ -33,6 +33,7 @@ type workerOpts struct {
 	serviceCIDRs                                       listFlag
 	insecure, stateAnnotations, kubeEvents             bool
 	matTimeout, retryMaxElapsed, grace, ackWait        time.Duration
+	matBodyMaxAge                                      time.Duration
 	instanceResync                                     time.Duration
 	jobs, fetches, deleteJobs, concurrency, maxDeliver int
 	errorWindow                                        time.Duration
@@ -57,6 +58,8 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.matCAFile, "mat-ca-file", "", "PEM bundle of the CA(s) that issue MAT's certificates (e.g. a cert-manager CA's ca.crt), trusted besides the system roots")
 	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", true, "write the mat-api-state and mat-power-state annotations, as the old controller does (each power flip costs a Service write); false removes them at the next sync")
 	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
+	o.matBodyMaxAge = defaultMATBodyMaxAge
+	fs.Var(nonNegativeDuration{&o.matBodyMaxAge}, "mat-body-max-age", matBodyMaxAgeUsage)
 	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
 	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
 	durationVar(fs, &o.instanceResync, "instance-resync", time.Minute, "how often the client cache is checked against the instances stream, and the Services of instances gone for two such periods are cleaned up again")
@@ -69,6 +72,13 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	durationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
 	fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
 }
+
+// defaultMATBodyMaxAge is --mat-body-max-age's default: ten full resyncs
+// at the default --sync-interval revalidate the kept body, the eleventh
+// fetches it whole (ADR 23).
+const defaultMATBodyMaxAge = 5 * time.Minute
+
+const matBodyMaxAgeUsage = "how long a full resync may revalidate the status body this worker holds (If-None-Match; MAT answers 304 and sends no body) instead of fetching it whole; a MAT whose ETag failed to change is still read whole this often; 0 fetches every full resync whole. Only MATs that send strong ETags are affected"
 
 func (o *workerOpts) validate() error {
 	if o.jobs <= 0 || o.fetches <= 0 || o.deleteJobs <= 0 || o.concurrency <= 0 || o.maxDeliver <= 0 {
@@ -165,6 +175,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 		return nil, nil, err
 	}
 	mcfg := o.matConfig("matbus/" + version)
+	mcfg.BodyMaxAge = o.matBodyMaxAge
 	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
 	w, err := worker.New(worker.Config{
 		Name: name,
