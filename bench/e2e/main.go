@@ -47,6 +47,7 @@ type config struct {
 	Neighbour     bool          `json:"neighbour"`
 	NeighbourRate float64       `json:"neighbour_rate"`
 	MATNoETag     bool          `json:"mat_no_etag,omitempty"`
+	PinControl    bool          `json:"pin_control_plane,omitempty"`
 	PprofDir      string        `json:"-"`
 	PprofLength   time.Duration `json:"-"`
 	Matbus        string        `json:"-"`
@@ -78,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.Neighbour, "neighbour", true, "measure a noisy neighbour's latency alone, during a QPS-100 client's converge and during matbus's (bench/e2e/neighbour.go)")
 	fs.Float64Var(&c.NeighbourRate, "neighbour-rate", 40, "requests per second of the noisy neighbour (ConfigMap PUT, GET and LIST in turn)")
 	matETag := fs.Bool("mat-etag", true, "the MAT simulators send ETags and answer If-None-Match with 304 (false: a MAT without conditional requests)")
+	fs.BoolVar(&c.PinControl, "pin-control-plane", false, "give kube-apiserver and etcd the first half of the CPUs and everything else (the floor's client, nats-server, matbus, the simulators) the rest, as on a cluster whose control plane has its own cores (bench/e2e/pin.go)")
 	fs.StringVar(&c.Matbus, "matbus", "bin/matbus", "the matbus binary (make build)")
 	fs.StringVar(&c.NATSServer, "nats-server", "", "the nats-server binary (default: nats-server beside kube-apiserver, e.g. .bin/)")
 	fs.StringVar(&c.JSON, "json", "", "also write the table and the details as JSON to this file")
@@ -224,6 +226,17 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.cluster.Stop()
+	if cfg.PinControl {
+		pp, err := newPinPlan()
+		if err == nil {
+			err = pp.apply()
+		}
+		if err != nil {
+			return err
+		}
+		b.result.Pinned = pp
+		b.logf("%s", pp)
+	}
 	b.audit = auditLog{path: b.cluster.AuditLog}
 	b.logf("kube-apiserver + etcd ready at %s in %s", b.cluster.URL, since(t))
 	if err := b.clients(); err != nil {

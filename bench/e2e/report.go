@@ -20,6 +20,7 @@ type result struct {
 	Rounds   []*roundResult               `json:"rounds"`
 	Rows     []tableRow                   `json:"rows"`
 	Markdown string                       `json:"markdown"`
+	Pinned   *pinPlan                     `json:"pinned,omitempty"` // --pin-control-plane
 	// Interrupted says why the run stopped early (Ctrl-C, SIGTERM); the
 	// table then holds what was measured until then.
 	Interrupted string `json:"interrupted,omitempty"`
@@ -386,6 +387,9 @@ func (r *result) table() string {
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "- machine: %s (%s); %s\n", r.Machine, host, r.Version)
 	fmt.Fprintf(&b, "- matbus defaults: %s\n", r.defaultsLine())
+	if r.Pinned != nil {
+		fmt.Fprintf(&b, "- CPUs: %s\n", r.Pinned)
+	}
 	if len(c.WorkerArgs) > 0 || len(c.DiscoveryArgs) > 0 {
 		fmt.Fprintf(&b, "- extra flags: worker %q, discovery %q\n", strings.Join(c.WorkerArgs, " "), strings.Join(c.DiscoveryArgs, " "))
 	}
