@@ -492,7 +492,7 @@ func (r *result) defaultsLine() string {
 	}
 	add("discovery", "poll-interval")
 	add("discovery", "poll-max-interval")
-	for _, f := range []string{"kube-rate", "kube-qps", "kube-burst", "kube-qps-max", "kube-max-inflight", "jobs", "fetches", "delete-jobs", "concurrency", "mat-timeout"} {
+	for _, f := range []string{"kube-rate", "kube-qps", "kube-burst", "kube-qps-max", "kube-max-inflight", "jobs", "fetches", "delete-jobs", "concurrency", "mat-timeout", "mat-body-max-age"} {
 		add("worker", f)
 	}
 	return strings.Join(parts, ", ")
