@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -177,6 +178,8 @@ type bench struct {
 	reqs    atomic.Int64         // requests the harness itself sent to the API server
 	fleets  *fleets
 	result  *result
+	mu      sync.Mutex
+	dirty   []string // namespaces cleanNamespace could not empty
 }
 
 func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
@@ -272,6 +275,9 @@ func (b *bench) scenario(ctx context.Context) error {
 		if b.cfg.Repeat > 1 {
 			b.logf("repetition %d of %d", rep, b.cfg.Repeat)
 		}
+		if err := b.clean(); err != nil {
+			return err
+		}
 		if err := b.floor(ctx, rep); err != nil {
 			return err
 		}
@@ -294,6 +300,9 @@ func (b *bench) scenario(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return context.Cause(ctx)
 			}
+			if err := b.clean(); err != nil {
+				return err
+			}
 			r := &roundResult{Workers: n, Repeat: rep, Column: col}
 			b.result.Rounds = append(b.result.Rounds, r)
 			if err := b.round(ctx, r); err != nil {
@@ -302,6 +311,17 @@ func (b *bench) scenario(ctx context.Context) error {
 		}
 	}
 	return context.Cause(ctx)
+}
+
+// clean fails when an earlier phase left Services behind (cleanNamespace):
+// their cluster IPs are those the next phase creates.
+func (b *bench) clean() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.dirty) > 0 {
+		return fmt.Errorf("namespace(s) %v still hold Services after --timeout %s: the next phase would find their cluster IPs taken (raise --timeout)", b.dirty, b.cfg.Timeout)
+	}
+	return nil
 }
 
 // countingTransport counts the harness's own API requests, except GET
@@ -403,9 +423,11 @@ func (b *bench) createNamespace(ctx context.Context, ns string) error {
 
 // cleanNamespace deletes every Service left in ns (no controller-manager
 // runs to empty a terminating namespace, and the cluster IPs must be free
-// for the next round), then ns. It gives up after two minutes.
+// for the next round), then ns. It gives up after --timeout (20,000 deletes
+// take minutes at 20,000 Services) and then records ns in b.dirty: the
+// next phase would find its cluster IPs taken, so the run stops there.
 func (b *bench) cleanNamespace(ns string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Timeout)
 	defer cancel()
 	svcs := b.raw.CoreV1().Services(ns)
 	for ctx.Err() == nil {
@@ -427,7 +449,10 @@ func (b *bench) cleanNamespace(ns string) {
 		}
 	}
 	if ctx.Err() != nil {
-		b.logf("cleanup: Services of %s not all gone", ns)
+		b.logf("cleanup: Services of %s not all gone after %s", ns, b.cfg.Timeout)
+		b.mu.Lock()
+		b.dirty = append(b.dirty, ns)
+		b.mu.Unlock()
 	}
 	if err := b.kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		b.logf("cleanup: delete namespace %s: %v", ns, err)
