@@ -31,6 +31,7 @@ func TestCLIHelpAndErrors(t *testing.T) {
 		{[]string{"worker", "--bogus"}, nil, "matbus worker: unknown flag --bogus"},
 		{[]string{"worker", "--ack-wait", "5x"}, nil, `matbus worker: --ack-wait "5x": want a positive duration`},
 		{[]string{"worker", "--ack-wait", "-1s"}, nil, `--ack-wait "-1s": want a positive duration`},
+		{[]string{"worker", "--mat-body-max-age", "-1s"}, nil, `--mat-body-max-age "-1s": want a duration such as 5m, or 0 for off (must not be negative`},
 		{[]string{"discovery", "--leader-elect=maybe"}, nil, `matbus discovery: --leader-elect "maybe": want true or false`},
 		{[]string{"worker", "--kube-qps", "fast"}, nil, `--kube-qps "fast": want a number`},
 		{[]string{"worker", "--jobs"}, nil, "flag --jobs needs a value"},

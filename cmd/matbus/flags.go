@@ -164,8 +164,13 @@ func flagError(fs *flag.FlagSet, err error) error {
 	value, name, cause := m[1], m[2], m[3]
 	want := ""
 	if f := fs.Lookup(name); f != nil {
-		switch f.Value.(type) {
-		case positiveDuration, givenDuration:
+		switch v := f.Value.(type) {
+		case positiveDuration:
+			want = "want a positive duration such as 30s or 1m"
+			if v.zeroOK {
+				want = "want a duration such as 5m, or 0 for off"
+			}
+		case givenDuration:
 			want = "want a positive duration such as 30s or 1m"
 		default:
 			switch fmt.Sprintf("%T", f.Value) {
@@ -250,8 +255,12 @@ func (l *listFlag) Set(v string) error {
 	return nil
 }
 
-// positiveDuration is a duration flag that refuses values <= 0.
-type positiveDuration struct{ d *time.Duration }
+// positiveDuration is a duration flag that refuses values <= 0 (with
+// zeroOK, only values < 0).
+type positiveDuration struct {
+	d      *time.Duration
+	zeroOK bool
+}
 
 func (p positiveDuration) String() string {
 	if p.d == nil {
@@ -264,7 +273,10 @@ func (p positiveDuration) Set(v string) error {
 	if err != nil {
 		return err
 	}
-	if d <= 0 {
+	if d < 0 && p.zeroOK {
+		return fmt.Errorf("must not be negative, got %s", v)
+	}
+	if d <= 0 && !p.zeroOK {
 		return fmt.Errorf("must be positive, got %s", v)
 	}
 	*p.d = d
@@ -273,29 +285,14 @@ func (p positiveDuration) Set(v string) error {
 
 func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
-	fs.Var(positiveDuration{p}, name, usage)
+	fs.Var(positiveDuration{d: p}, name, usage)
 }
 
-// nonNegativeDuration is a duration flag where 0 means "off".
-type nonNegativeDuration struct{ d *time.Duration }
-
-func (p nonNegativeDuration) String() string {
-	if p.d == nil {
-		return ""
-	}
-	return p.d.String()
-}
-
-func (p nonNegativeDuration) Set(v string) error {
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		return err
-	}
-	if d < 0 {
-		return fmt.Errorf("must not be negative, got %s", v)
-	}
-	*p.d = d
-	return nil
+// offDurationVar is durationVar for a flag where 0 means "off": it
+// refuses only negative values.
+func offDurationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	fs.Var(positiveDuration{d: p, zeroOK: true}, name, usage)
 }
 
 // givenDuration is a positiveDuration that records in *given whether it
@@ -317,7 +314,7 @@ func (g givenDuration) Set(v string) error {
 // whether it was set (see givenDuration).
 func givenDurationVar(fs *flag.FlagSet, p *time.Duration, given *bool, name string, def time.Duration, usage string) {
 	*p = def
-	fs.Var(givenDuration{positiveDuration{p}, given}, name, usage)
+	fs.Var(givenDuration{positiveDuration{d: p}, given}, name, usage)
 }
 
 // parseAndValidate parses args (command line first, then environment) and

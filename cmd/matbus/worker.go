@@ -58,8 +58,7 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.matCAFile, "mat-ca-file", "", "PEM bundle of the CA(s) that issue MAT's certificates (e.g. a cert-manager CA's ca.crt), trusted besides the system roots")
 	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", true, "write the mat-api-state and mat-power-state annotations, as the old controller does (each power flip costs a Service write); false removes them at the next sync")
 	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
-	o.matBodyMaxAge = defaultMATBodyMaxAge
-	fs.Var(nonNegativeDuration{&o.matBodyMaxAge}, "mat-body-max-age", matBodyMaxAgeUsage)
+	offDurationVar(fs, &o.matBodyMaxAge, "mat-body-max-age", defaultMATBodyMaxAge, matBodyMaxAgeUsage)
 	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
 	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
 	durationVar(fs, &o.instanceResync, "instance-resync", time.Minute, "how often the client cache is checked against the instances stream, and the Services of instances gone for two such periods are cleaned up again")
