@@ -56,6 +56,22 @@ func (cs *condServer) set(body []byte, etag string) {
 	cs.body, cs.etag = body, etag
 }
 
+// plainRequests fails t unless the server got n requests, each with the
+// headers of the first (a test's first request is a plain Status call).
+func (cs *condServer) plainRequests(t *testing.T, n int) {
+	t.Helper()
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if len(cs.headers) != n {
+		t.Fatalf("%d requests, want %d", len(cs.headers), n)
+	}
+	for i, h := range cs.headers {
+		if !reflect.DeepEqual(h, cs.headers[0]) {
+			t.Errorf("request %d headers %v, want those of Status %v", i, h, cs.headers[0])
+		}
+	}
+}
+
 // inm returns the If-None-Match of request i ("" none) and how many
 // requests there were.
 func (cs *condServer) inm(i int) (string, int) {
@@ -93,17 +109,8 @@ func TestNoETagRequestsUnchanged(t *testing.T) {
 		}
 	}
 	mustChanged(t, c, "")
-	srv.mu.Lock()
-	defer srv.mu.Unlock()
-	if len(srv.headers) != 6 {
-		t.Fatalf("%d requests, want 6", len(srv.headers))
-	}
-	for i, h := range srv.headers {
-		if !reflect.DeepEqual(h, srv.headers[0]) {
-			t.Errorf("request %d headers %v, want those of Status %v", i, h, srv.headers[0])
-		}
-	}
-	if v := srv.headers[0].Get("If-None-Match"); v != "" {
+	srv.plainRequests(t, 6)
+	if v, _ := srv.inm(0); v != "" {
 		t.Errorf("If-None-Match %q sent to a MAT without ETag", v)
 	}
 }

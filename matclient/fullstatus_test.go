@@ -100,16 +100,7 @@ func TestFullStatusPlain(t *testing.T) {
 					t.Error("NotModified from a MAT without ETags")
 				}
 			}
-			srv.mu.Lock()
-			defer srv.mu.Unlock()
-			if len(srv.headers) != 4 {
-				t.Fatalf("%d requests, want 4", len(srv.headers))
-			}
-			for i, h := range srv.headers {
-				if !reflect.DeepEqual(h, srv.headers[0]) {
-					t.Errorf("request %d headers %v, want those of Status %v", i, h, srv.headers[0])
-				}
-			}
+			srv.plainRequests(t, 4)
 		})
 	}
 }

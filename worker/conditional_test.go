@@ -46,7 +46,26 @@ func (l *record[T]) len() int {
 }
 
 // condLog records each status request's If-None-Match and answer code.
-type condLog struct{ record[condReq] }
+type condLog struct {
+	record[condReq]
+	url string // the logged front of the simulator (condSim)
+}
+
+// condSim serves the v2-mixed fixture fleet, with or without ETags,
+// behind a front that logs every status request.
+func condSim(t *testing.T, etag bool) (*matsim.Server, *condLog) {
+	t.Helper()
+	sim, err := matsim.New(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed), DisableETag: !etag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	log := &condLog{}
+	front := httptest.NewServer(log.wrap(sim))
+	t.Cleanup(front.Close)
+	log.url = front.URL
+	return sim, log
+}
 
 type condReq struct {
 	inm  string
@@ -81,16 +100,8 @@ func TestConditionalPolls(t *testing.T) {
 	for _, etag := range []bool{true, false} {
 		t.Run(fmt.Sprintf("etag=%v", etag), func(t *testing.T) {
 			e := newEnv(t)
-			sim, err := matsim.New(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed), DisableETag: !etag})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = sim.Close() })
-			var log condLog
-			front := httptest.NewServer(log.wrap(sim))
-			t.Cleanup(front.Close)
-
-			e.startPolling(e.entry("mat-a", front.URL))
+			sim, log := condSim(t, etag)
+			e.startPolling(e.entry("mat-a", log.url))
 			w := e.startWorker(workerOpts{})
 			before := e.waitServices(v2MixedNames()...)
 			nm := sim.NotModified()
@@ -259,16 +270,8 @@ func TestRevalidatedFullResync(t *testing.T) {
 	for _, etag := range []bool{true, false} {
 		t.Run(fmt.Sprintf("etag=%v", etag), func(t *testing.T) {
 			e := newEnv(t)
-			sim, err := matsim.New(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed), DisableETag: !etag})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = sim.Close() })
-			var log condLog
-			front := httptest.NewServer(log.wrap(sim))
-			t.Cleanup(front.Close)
-
-			e.startPolling(e.entry("mat-a", front.URL))
+			sim, log := condSim(t, etag)
+			e.startPolling(e.entry("mat-a", log.url))
 			w := e.startWorker(workerOpts{Mat: matclient.Config{BodyMaxAge: time.Hour}})
 			before := e.waitServices(v2MixedNames()...)
 			e.steady(w, sim)
