@@ -89,13 +89,9 @@ func (c *Client) PollStatus(ctx context.Context, prev string) (Poll, error) {
 		c.remember(resp.etag, fp, resp.body)
 		return Poll{Fingerprint: fp, NotModified: same}, nil
 	}
-	st, err := Decode(resp.body)
-	if err != nil {
-		c.forget()
-		return Poll{}, &opError{url: c.statusURL, err: err}
-	}
-	c.remember(resp.etag, fp, resp.body)
-	return Poll{Status: st, Fingerprint: fp, NotModified: same}, nil
+	p, err := c.decodeBody(resp, fp)
+	p.NotModified = same && err == nil
+	return p, err
 }
 
 // FullStatus fetches the whole status for a full sync: on success
@@ -135,7 +131,13 @@ func (c *Client) FullStatus(ctx context.Context) (Poll, error) {
 		}
 		return Poll{Status: st, Fingerprint: held.fingerprint, NotModified: true}, nil
 	}
-	fp := Fingerprint(resp.body)
+	return c.decodeBody(resp, Fingerprint(resp.body))
+}
+
+// decodeBody decodes a whole body fingerprinted fp and remembers its
+// validator, or forgets the validator when the body does not decode
+// (errors wrap ErrInvalidStatus).
+func (c *Client) decodeBody(resp fetched, fp string) (Poll, error) {
 	st, err := Decode(resp.body)
 	if err != nil {
 		c.forget()
