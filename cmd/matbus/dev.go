@@ -191,9 +191,18 @@ func runDev(ctx context.Context, args []string, e env) error {
 	fmt.Fprintf(out, "Services                 KUBECONFIG=%s kubectl get svc -n %s -l %s=%s\n", kubeconfig, w.namespace, plan.LabelManagedBy, w.managedBy)
 
 	runCtx, stopAll := context.WithCancel(ctx)
-	defer stopAll()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	// The discovery and worker connections close only after every
+	// goroutine has stopped: discovery marks its leader entry ended and
+	// workers settle their jobs on the way out, over those connections.
+	var conns []*nats.Conn
+	defer func() {
+		stopAll()
+		wg.Wait()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
 
 	// 3. Simulators.
 	var entries []discovery.StaticEntry
@@ -264,7 +273,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	defer pubNC.Close()
+	conns = append(conns, pubNC)
 	n.namespace = w.namespace
 	pubBus, err := n.bus(pubNC, "discovery/dev", log, nil)
 	if err != nil {
@@ -306,7 +315,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 		if err != nil {
 			return err
 		}
-		defer wnc.Close()
+		conns = append(conns, wnc)
 		wlog := log.With("component", "worker")
 		bus, err := n.bus(wnc, "worker/"+o.name, wlog, &o)
 		if err != nil {
