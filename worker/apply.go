@@ -107,6 +107,9 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 			needed[u.New.Spec.ClusterIP] = true
 		}
 	}
+	// Their deletes are no change of the instance's Services (see memo);
+	// a failure below makes the next poll plan again.
+	w.memo.expect(key, p.Delete)
 	var first []op
 	later := make([]*corev1.Service, 0, len(p.Delete))
 	for _, s := range p.Delete {
@@ -118,12 +121,15 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 		later = append(later, s)
 	}
 	later = w.freshDeletes(later, tag)
-	if len(later) > 0 && w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) > 0 {
+	deferred := len(later) > 0 && w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) > 0
+	if deferred {
 		// A fan-out of this instance is still being worked off (perhaps
 		// planned by another worker): add nothing now; once its queue is
-		// empty, a later poll publishes what is still to delete.
+		// empty, the next poll plans again and publishes what is still
+		// to delete.
 		later = nil
 	}
+	w.memo.setDeferred(key, deferred)
 	if len(first)+len(later)+len(p.Create)+len(p.Update)+len(p.Recreate) > 0 {
 		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate),
 			"delete", len(first)+len(later), "delete_waiting", len(p.Delete)-len(first)-len(later))

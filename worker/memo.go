@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/matbus/matbus/plan"
@@ -27,6 +28,14 @@ import (
 // indexes, per instance, the names and IPs its last plan wanted without
 // holding them (see waitFor), so the waiting instance's next poll plans and
 // creates the Service.
+//
+// The delete of a Service that the instance's last plan itself deletes (see
+// expect) is no change: it is what that plan asked for. So a fan-out of
+// thousands of delete jobs does not make every poll of its instance fetch,
+// decode and plan the whole status again only to find each remaining delete
+// queued already. A plan that left deletes unpublished because the
+// instance's delete queue was not empty (deferred) is planned again once
+// that queue is empty (see deferredPlan).
 type memo struct {
 	mu      sync.Mutex
 	entries map[string]memoEntry // instance key -> entry
@@ -34,6 +43,9 @@ type memo struct {
 	adopt   uint64               // events of Services without an instance label (adoption candidates)
 	// Instance label values waiting for a Service name or a cluster IP.
 	byName, byIP map[string]map[string]struct{}
+	// expected holds, per instance label value, the UIDs of the Services
+	// the instance's last plan deletes.
+	expected map[string]map[types.UID]struct{}
 }
 
 type memoEntry struct {
@@ -44,36 +56,90 @@ type memoEntry struct {
 	ownerAt     time.Time
 	// waitNames and waitIPs are the instance's keys in byName and byIP.
 	waitNames, waitIPs []string
+	// deferred: the last plan left stale deletes unpublished until the
+	// instance's delete queue is empty.
+	deferred bool
 }
 
 func newMemo() *memo {
 	return &memo{entries: map[string]memoEntry{}, changes: map[string]uint64{},
-		byName: map[string]map[string]struct{}{}, byIP: map[string]map[string]struct{}{}}
+		byName: map[string]map[string]struct{}{}, byIP: map[string]map[string]struct{}{},
+		expected: map[string]map[types.UID]struct{}{}}
 }
 
-// handler counts informer events per instance label.
+// handler counts informer events per instance label, except the delete
+// of a Service its instance's last plan deletes.
 func (m *memo) handler() cache.ResourceEventHandler {
-	bump := func(obj any) {
+	bump := func(obj any, deleted bool) {
 		s, ok := serviceOf(obj)
 		if !ok {
 			return
 		}
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if v, ok := s.Labels[plan.LabelInstance]; ok {
-			m.changes[v]++
+		v, ok := s.Labels[plan.LabelInstance]
+		if !ok {
+			m.adopt++
 			return
 		}
-		m.adopt++
+		if set := m.expected[v]; deleted && set != nil {
+			if _, planned := set[s.UID]; planned && s.UID != "" {
+				delete(set, s.UID)
+				return
+			}
+		}
+		m.changes[v]++
 	}
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    bump,
-		UpdateFunc: func(_, n any) { bump(n) },
+		AddFunc:    func(obj any) { bump(obj, false) },
+		UpdateFunc: func(_, n any) { bump(n, false) },
 		DeleteFunc: func(obj any) {
-			bump(obj)
+			bump(obj, true)
 			m.freed(obj)
 		},
 	}
+}
+
+// expect records that the plan of instance key being applied deletes svcs
+// (existing Services, by UID), replacing what its earlier plans deleted:
+// their deletes, by anyone, are no change of key's Services. A Service an
+// earlier plan deleted and this one keeps (its device came back) counts
+// again. The caller records it before the deletes are sent, and a plan
+// that fails is planned again (invalidate), so nothing is left expected
+// that no delete job will delete.
+func (m *memo) expect(key string, svcs []*corev1.Service) {
+	v := plan.LabelValue(key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(svcs) == 0 {
+		delete(m.expected, v)
+		return
+	}
+	set := make(map[types.UID]struct{}, len(svcs))
+	for _, s := range svcs {
+		if s.UID != "" {
+			set[s.UID] = struct{}{}
+		}
+	}
+	m.expected[v] = set
+}
+
+// setDeferred records whether key's plan left stale deletes unpublished
+// because the instance's delete queue was not empty.
+func (m *memo) setDeferred(key string, deferred bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[key]
+	e.deferred = deferred
+	m.entries[key] = e
+}
+
+// deferredPlan reports whether key's last plan left stale deletes
+// unpublished (see setDeferred).
+func (m *memo) deferredPlan(key string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.entries[key].deferred
 }
 
 // freed counts the delete of a Service as a change of every instance
@@ -252,4 +318,5 @@ func (m *memo) forget(key string) {
 	defer m.mu.Unlock()
 	m.unwaitLocked(plan.LabelValue(key), m.entries[key])
 	delete(m.entries, key)
+	delete(m.expected, plan.LabelValue(key))
 }

@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/matbus/matbus/plan"
@@ -103,5 +104,69 @@ func BenchmarkMemoDeleteEvent(b *testing.B) {
 	del := memoService("mat-bmc-host-7", "ns.mat-b", "10.1.0.8")
 	for b.Loop() {
 		h.OnDelete(del)
+	}
+}
+
+// The delete of a Service that the instance's plan deletes is no change of
+// its Services, whoever deletes it and however late it is seen; any other
+// event is. A Service a later plan keeps counts again, and so does every
+// Service of a forgotten instance.
+func TestMemoExpectedDeletes(t *testing.T) {
+	const a = "ns.mat-a"
+	m := newMemo()
+	h := m.handler()
+	svc := func(name, uid string) *corev1.Service {
+		s := memoService(name, a, "")
+		s.UID = types.UID(uid)
+		return s
+	}
+	x, y, z := svc("mat-bmc-host-x", "u-x"), svc("mat-bmc-host-y", "u-y"), svc("mat-bmc-host-z", "u-z")
+	done := func() {
+		t.Helper()
+		m.completed(a, "fp", m.changeCount(a))
+	}
+	m.expect(a, []*corev1.Service{x, y})
+	done()
+	for _, tc := range []struct {
+		name    string
+		event   func()
+		changed bool
+	}{
+		{"expected Service deleted", func() { h.OnDelete(x) }, false},
+		{"expected Service's delete seen late", func() {
+			h.OnDelete(cache.DeletedFinalStateUnknown{Key: "bmc/mat-bmc-host-y", Obj: y})
+		}, false},
+		{"expected Service deleted a second time (its UID is used up)", func() { h.OnDelete(x) }, true},
+		{"another Service of the instance deleted", func() { h.OnDelete(z) }, true},
+		{"a re-created Service of an expected name (another UID) deleted", func() {
+			m.expect(a, []*corev1.Service{x})
+			h.OnDelete(svc("mat-bmc-host-x", "u-x2"))
+		}, true},
+		{"an expected Service updated", func() { h.OnUpdate(x, x) }, true},
+		{"a Service an earlier plan deleted and the last keeps", func() {
+			m.expect(a, []*corev1.Service{y})
+			h.OnDelete(x)
+		}, true},
+		{"an expected Service of a forgotten instance", func() {
+			m.expect(a, []*corev1.Service{z})
+			m.forget(a)
+			done()
+			h.OnDelete(z)
+		}, true},
+	} {
+		done()
+		tc.event()
+		if got := !m.unchanged(a, "fp"); got != tc.changed {
+			t.Errorf("%s: changed = %v, want %v", tc.name, got, tc.changed)
+		}
+	}
+
+	m.setDeferred(a, true)
+	if !m.deferredPlan(a) {
+		t.Error("deferred plan not recorded")
+	}
+	m.setDeferred(a, false)
+	if m.deferredPlan(a) {
+		t.Error("deferred plan recorded after a plan that published everything")
 	}
 }

@@ -174,7 +174,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 		w.cfg.Events.Instance(key, kubeevents.FetchFailed, fmt.Sprintf("status fetch failed, no Service changed: %v", err))
 		return events.SyncResult{Outcome: events.OutcomeFetchFailed, Transient: transient, Error: err.Error()}, nil
 	}
-	if st == nil && w.memo.unchanged(key, fp) {
+	if st == nil && w.memo.unchanged(key, fp) && !w.deferredDeletesDue(ctx, key) {
 		w.unchanged.Add(1)
 		return events.SyncResult{Outcome: events.OutcomeUnchanged, NotModified: poll.NotModified}, nil
 	}
@@ -282,6 +282,14 @@ func unmet(desired []*corev1.Service, p plan.Plan, applied bool) []*corev1.Servi
 		}
 	}
 	return out
+}
+
+// deferredDeletesDue reports whether key's last plan left stale deletes
+// unpublished (its delete queue was not empty) and that queue is empty now,
+// or cannot be read: the instance is then planned again although nothing
+// changed, so those deletes are published.
+func (w *Worker) deferredDeletesDue(ctx context.Context, key string) bool {
+	return w.memo.deferredPlan(key) && w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) <= 0
 }
 
 // fpTag is a short form of a status fingerprint for delete job ids ("" for none).
