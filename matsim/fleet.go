@@ -212,8 +212,13 @@ func hasInfiniBand(hw string) bool {
 // spec says, machine IPs 10.100.x.y and NVOS IPs 10.98.x.y where x.y are the
 // low 16 bits of the device's BMC IP. Errors wrap ErrInvalidSpec.
 func Generate(spec FleetSpec) (*Fleet, error) {
-	if spec.Hosts < 0 || spec.DPUsPerHost < 0 || spec.Switches < 0 || spec.PowerShelves < 0 {
-		return nil, fmt.Errorf("%w: negative device count in %+v", ErrInvalidSpec, spec)
+	for _, c := range []struct {
+		name string
+		n    int
+	}{{"hosts", spec.Hosts}, {"DPUs per host", spec.DPUsPerHost}, {"switches", spec.Switches}, {"power shelves", spec.PowerShelves}} {
+		if c.n < 0 {
+			return nil, fmt.Errorf("%w: %d %s: a device count must be 0 or more", ErrInvalidSpec, c.n, c.name)
+		}
 	}
 	if spec.DPUsPerHost > MaxDPUsPerHost {
 		return nil, fmt.Errorf("%w: %d DPUs per host (max %d)", ErrInvalidSpec, spec.DPUsPerHost, MaxDPUsPerHost)

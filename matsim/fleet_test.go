@@ -230,7 +230,7 @@ func TestGenerateSubnets(t *testing.T) {
 		{name: "/32 empty fleet", spec: FleetSpec{BMCSubnet: "10.0.0.1/32"}},
 		{name: "ipv6", spec: FleetSpec{Hosts: 1, BMCSubnet: "fd00::/64"}, wantErr: "not an IPv4 CIDR"},
 		{name: "garbage", spec: FleetSpec{Hosts: 1, BMCSubnet: "10.0.0.0"}, wantErr: "not an IPv4 CIDR"},
-		{name: "negative", spec: FleetSpec{Hosts: -1}, wantErr: "negative"},
+		{name: "negative", spec: FleetSpec{Hosts: -1}, wantErr: "-1 hosts: a device count must be 0 or more"},
 		{name: "too many dpus", spec: FleetSpec{Hosts: 1, DPUsPerHost: 17}, wantErr: "DPUs per host"},
 		{name: "ipmi ports overflow", spec: FleetSpec{Hosts: 50000, IPMI: true, BMCSubnet: "10.0.0.0/8"}, wantErr: "IPMI port range"},
 		{name: "ssh ports overflow", spec: FleetSpec{Hosts: 2100, DPUsPerHost: 16, SSH: true, BMCSubnet: "10.0.0.0/8"}, wantErr: "SSH port range"},

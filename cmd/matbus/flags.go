@@ -271,7 +271,7 @@ func (p positiveDuration) String() string {
 func (p positiveDuration) Set(v string) error {
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		return err
+		return errors.New("parse error") // flagError says what is wanted
 	}
 	if d < 0 && p.zeroOK {
 		return fmt.Errorf("must not be negative, got %s", v)
