@@ -23,6 +23,9 @@ import (
 // Services and before it starts; it returns an error when the factory
 // already holds another Service informer.
 //
+// Its watches carry no timeout of their own (serverWatchTimeout): the API
+// server ends them after its --min-request-timeout.
+//
 // The informer stores Services without their metadata.managedFields
 // (StripManagedFields): nobody reading the cache needs them, and they are
 // about a third of a Service's size in memory.
@@ -41,6 +44,7 @@ func (t *Tracker) ServiceInformer(factory informers.SharedInformerFactory, names
 				if tweak != nil {
 					tweak(&o)
 				}
+				serverWatchTimeout(&o)
 				return kube.CoreV1().Services(namespace).Watch(ctx, o)
 			},
 		}
@@ -61,6 +65,15 @@ func (t *Tracker) ServiceInformer(factory informers.SharedInformerFactory, names
 	}
 	return inf, t.Instrument(inf)
 }
+
+// serverWatchTimeout drops the timeout client-go's reflector asks for on
+// each watch (5–10 minutes), so the API server ends the watch when its own
+// --min-request-timeout says (default 30–60 minutes, at random), as for
+// any client that asks none. Re-opening the watch (from the last
+// resourceVersion, no list) is then the informer's only request while
+// nothing changes, a sixth as often. A dead connection is still found by
+// the HTTP/2 health check of client-go's transport, not by this timeout.
+func serverWatchTimeout(o *metav1.ListOptions) { o.TimeoutSeconds = nil }
 
 // StripManagedFields is an informer transform (cache.TransformFunc): it
 // drops metadata.managedFields from an object before the informer stores
