@@ -33,6 +33,7 @@ type proc struct {
 	cmd     *exec.Cmd
 	logPath string
 	health  string // host:port of /readyz ("" when none)
+	pprof   string // host:port serving /debug/pprof/ ("" when none)
 	cancel  context.CancelFunc
 	done    chan struct{}
 	waitErr error
@@ -155,18 +156,28 @@ func freeAddr() (string, error) {
 
 // startNATS starts a nats-server process with JetStream and a file store
 // in dir and waits until JetStream answers. It returns the process and
-// the client URL.
-func startNATS(ctx context.Context, bin, dir, name string) (*proc, string, error) {
+// the client URL. With profiling, the server also serves /debug/pprof/ on
+// a port of its own (its --profile), kept in the process's pprof field.
+func startNATS(ctx context.Context, bin, dir, name string, profiling bool) (*proc, string, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, "", err
 	}
 	host, port, _ := strings.Cut(addr, ":")
-	p, err := startProc(ctx, dir, name, bin,
-		"-js", "-sd", filepath.Join(dir, name+"-store"), "-a", host, "-p", port, "--server_name", name)
+	args := []string{"-js", "-sd", filepath.Join(dir, name+"-store"), "-a", host, "-p", port, "--server_name", name}
+	var profAddr string
+	if profiling {
+		if profAddr, err = freeAddr(); err != nil {
+			return nil, "", err
+		}
+		_, profPort, _ := strings.Cut(profAddr, ":")
+		args = append(args, "--profile", profPort)
+	}
+	p, err := startProc(ctx, dir, name, bin, args...)
 	if err != nil {
 		return nil, "", err
 	}
+	p.pprof = profAddr
 	url := "nats://" + addr
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -42,7 +42,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 	defer b.cleanNamespace(ns)
 
-	nproc, natsURL, err := startNATS(rctx, b.cfg.NATSServer, dir, "nats-server")
+	nproc, natsURL, err := startNATS(rctx, b.cfg.NATSServer, dir, "nats-server", b.cfg.PprofDir != "")
 	if err != nil {
 		return err
 	}
@@ -80,13 +80,19 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 			return err
 		}
 		name := "worker-" + strconv.Itoa(i)
-		args := append([]string{"worker", "--nats-url", natsURL, "--kubeconfig", b.cluster.Kubeconfig,
-			"--namespace", ns, "--worker-name", name, "--health-addr", health, "--insecure-skip-verify"}, b.cfg.WorkerArgs...)
-		p, err := startProc(rctx, dir, name, b.cfg.Matbus, args...)
+		args := []string{"worker", "--nats-url", natsURL, "--kubeconfig", b.cluster.Kubeconfig,
+			"--namespace", ns, "--worker-name", name, "--health-addr", health, "--insecure-skip-verify"}
+		if b.cfg.PprofDir != "" {
+			args = append(args, "--profiling")
+		}
+		p, err := startProc(rctx, dir, name, b.cfg.Matbus, append(args, b.cfg.WorkerArgs...)...)
 		if err != nil {
 			return err
 		}
 		p.health = health
+		if b.cfg.PprofDir != "" {
+			p.pprof = health
+		}
 		workers = append(workers, p)
 	}
 	for _, p := range workers {
@@ -119,7 +125,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return err
 	}
 	defer disc.Stop()
-	prof := b.profile(rctx, fmt.Sprintf("r%d w%d converge", idx, r.Workers))
+	prof := b.profile(rctx, fmt.Sprintf("r%d w%d converge", idx, r.Workers), append([]*proc{nproc}, workers...)...)
 	// alive ends a wait early when a matbus process has exited.
 	alive := func() error {
 		for _, p := range append(slices.Clone(workers), disc) {
@@ -244,7 +250,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	auditAt := b.audit.Offset()
 	t0 = time.Now()
 	cpu0, _ := load.SampleCPU()
-	prof = b.profile(rctx, fmt.Sprintf("r%d w%d fan-out", idx, r.Workers))
+	prof = b.profile(rctx, fmt.Sprintf("r%d w%d fan-out", idx, r.Workers), append([]*proc{nproc}, workers...)...)
 	for i, s := range sims {
 		empty := &matsim.Fleet{InventoryID: cur[i].InventoryID}
 		if err := s.SetFleet(empty); err != nil {

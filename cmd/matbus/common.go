@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"sync"
@@ -380,8 +381,10 @@ func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) {
 // serveHealth serves /healthz, /readyz and /metrics (Prometheus) on addr
 // until ctx ends. /healthz is liveness only: 200 while the process serves
 // HTTP. /readyz is 200 "ok" when ready returns nil, else 503 with
-// "not ready: <reason>" (one line). An empty addr serves nothing.
-func serveHealth(ctx context.Context, addr string, ready func() error, reg *prometheus.Registry, log *slog.Logger) error {
+// "not ready: <reason>" (one line). With profiling, Go's runtime profiles
+// are served under /debug/pprof/ too (net/http/pprof: CPU profile for
+// ?seconds=N, heap, goroutine, ...). An empty addr serves nothing.
+func serveHealth(ctx context.Context, addr string, ready func() error, reg *prometheus.Registry, profiling bool, log *slog.Logger) error {
 	if addr == "" {
 		return nil
 	}
@@ -396,6 +399,15 @@ func serveHealth(ctx context.Context, addr string, ready func() error, reg *prom
 	})
 	if reg != nil {
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
+	paths := "/healthz /readyz /metrics"
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		paths += " /debug/pprof/"
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -413,7 +425,7 @@ func serveHealth(ctx context.Context, addr string, ready func() error, reg *prom
 			log.Error("health server stopped", "error", err)
 		}
 	}()
-	log.Info("health endpoints", "addr", l.Addr().String(), "paths", "/healthz /readyz /metrics")
+	log.Info("health endpoints", "addr", l.Addr().String(), "paths", paths)
 	return nil
 }
 

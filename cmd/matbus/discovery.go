@@ -165,6 +165,8 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	o.register(fs)
 	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
 	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
+	var profiling bool
+	fs.BoolVar(&profiling, "profiling", false, "also serve Go's runtime profiles under /debug/pprof/ on --health-addr (CPU: /debug/pprof/profile?seconds=N; heap, goroutine); for diagnosis, not for production exposure")
 	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
 		return err
 	}
@@ -241,7 +243,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	}
 	ready := discoveryReadiness(nc, probe, watch, &cur, o.staleAfter)
 	readyMetric(reg, "discovery", ready.err)
-	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
+	if err := serveHealth(ctx, healthAddr, ready.err, reg, profiling, log); err != nil {
 		return err
 	}
 	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)

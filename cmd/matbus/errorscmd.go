@@ -57,7 +57,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		}
 		return nil
 	}}}
-	if err := serveHealth(ctx, healthAddr, ready.err, nil, log); err != nil {
+	if err := serveHealth(ctx, healthAddr, ready.err, nil, false, log); err != nil {
 		return err
 	}
 	return operator.TailErrors(ctx, operator.ErrorsConfig{Bus: bus, Kinds: kinds, Since: since, Follow: follow,

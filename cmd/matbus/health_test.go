@@ -102,7 +102,7 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 	// A follower on a healthy NATS and API is ready; /readyz says so.
 	waitReason(t, r, "")
 	addr := freeAddr(t)
-	if err := serveHealth(ctx, addr, r.err, nil, log); err != nil {
+	if err := serveHealth(ctx, addr, r.err, nil, false, log); err != nil {
 		t.Fatal(err)
 	}
 	if code, body := get(t, "http://"+addr+"/readyz"); code != http.StatusOK || body != "ok\n" {
@@ -118,6 +118,9 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 	}
 	if c, _ := get(t, "http://"+addr+"/healthz"); c != http.StatusOK {
 		t.Errorf("/healthz is %d while unready: it is liveness only", c)
+	}
+	if c, _ := get(t, "http://"+addr+"/debug/pprof/"); c != http.StatusNotFound {
+		t.Errorf("/debug/pprof/ without --profiling: %d, want 404", c)
 	}
 	apiDown.Store(false)
 	waitReason(t, r, "")
@@ -204,10 +207,16 @@ func TestWorkerReadinessCauses(t *testing.T) {
 	workerMetrics(reg, w)
 	r := workerReadiness(nc, startAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, log), w)
 	addr := freeAddr(t)
-	if err := serveHealth(ctx, addr, r.err, reg, log); err != nil {
+	if err := serveHealth(ctx, addr, r.err, reg, true, log); err != nil {
 		t.Fatal(err)
 	}
 	waitReason(t, r, "worker: the Service informer has not synced")
+	if code, body := get(t, "http://"+addr+"/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Errorf("/debug/pprof/ with --profiling: %d %q", code, body[:min(len(body), 200)])
+	}
+	if code, body := get(t, "http://"+addr+"/debug/pprof/heap"); code != http.StatusOK || len(body) == 0 {
+		t.Errorf("/debug/pprof/heap with --profiling: %d, %d bytes", code, len(body))
+	}
 
 	refused := apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "",
 		errors.New(`User "system:serviceaccount:team-a:matbus" cannot watch resource "services" in API group "" in the namespace "team-a"`))

@@ -242,6 +242,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	k.register(fs)
 	o.register(fs)
 	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
+	var profiling bool
+	fs.BoolVar(&profiling, "profiling", false, "also serve Go's runtime profiles under /debug/pprof/ on --health-addr (CPU: /debug/pprof/profile?seconds=N; heap, goroutine); for diagnosis, not for production exposure")
 	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
 		return err
 	}
@@ -295,7 +297,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
 	ready := workerReadiness(nc, startAPIProbeUnless(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
 	readyMetric(reg, "worker", ready.err)
-	if err := serveHealth(ctx, healthAddr, ready.err, reg, log); err != nil {
+	if err := serveHealth(ctx, healthAddr, ready.err, reg, profiling, log); err != nil {
 		return err
 	}
 	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
