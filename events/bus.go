@@ -134,6 +134,9 @@ type Bus struct {
 	refused   map[string]string // stream → the last refused replica change, as logged; "<stream>/storage" → the storage kept
 
 	instances jetstream.Stream // handle of the instances stream, once looked up (see instancesStream)
+
+	readMu sync.Mutex
+	reads  map[string]*instanceReads // instance key → its coalesced LastInstance reads
 }
 
 // PublishStats returns how many events of each type this Bus published
@@ -658,7 +661,78 @@ func (r InstanceRecord) Present() bool { return r.Type == TypeInstanceAppeared }
 // instances stream (the lister of this system). found is false when the
 // instance was never announced. A stored message that does not decode is
 // returned as an error wrapping ErrMalformed (or ErrUnknownSchema/ErrUnknownType).
+//
+// Concurrent calls for one key share reads, and every call still gets a
+// record read after it was made: a call made while a read of its key is in
+// flight joins the next read, which starts once that one has answered and
+// serves every call that joined it. So a fan-out's delete jobs of one
+// instance, each of which must see the newest record, cost JetStream about
+// two STREAM.MSG.GET requests at a time instead of one each. The shared
+// read does not end with one caller's ctx (it is bounded by JetStream's
+// request timeout); a caller whose ctx ends stops waiting with ctx's error.
 func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord, found bool, err error) {
+	b.readMu.Lock()
+	if b.reads == nil {
+		b.reads = make(map[string]*instanceReads)
+	}
+	st := b.reads[key]
+	if st == nil {
+		st = &instanceReads{}
+		b.reads[key] = st
+	}
+	r, prev, lead := st.pending, (*instanceRead)(nil), false
+	if r == nil {
+		r, lead = &instanceRead{done: make(chan struct{})}, true
+		if st.running == nil {
+			st.running = r
+		} else {
+			st.pending, prev = r, st.running
+		}
+	}
+	b.readMu.Unlock()
+	if !lead {
+		select {
+		case <-r.done:
+			return r.rec, r.found, r.err
+		case <-ctx.Done():
+			return rec, false, ctx.Err()
+		}
+	}
+	if prev != nil {
+		<-prev.done // the read in flight ends within JetStream's request timeout
+		b.readMu.Lock()
+		st.running, st.pending = r, nil
+		b.readMu.Unlock()
+	}
+	r.rec, r.found, r.err = b.readInstance(context.WithoutCancel(ctx), key)
+	b.readMu.Lock()
+	if st.running == r {
+		st.running = nil
+		if st.pending == nil {
+			delete(b.reads, key)
+		}
+	}
+	b.readMu.Unlock()
+	close(r.done)
+	return r.rec, r.found, r.err
+}
+
+// instanceReads are the LastInstance reads of one key: the one in flight
+// and the one that starts after it, which calls made meanwhile join.
+type instanceReads struct {
+	running, pending *instanceRead
+}
+
+// instanceRead is one shared read; its result is set before done closes.
+type instanceRead struct {
+	done  chan struct{}
+	rec   InstanceRecord
+	found bool
+	err   error
+}
+
+// readInstance is one STREAM.MSG.GET of key's last record (LastInstance).
+func (b *Bus) readInstance(ctx context.Context, key string) (rec InstanceRecord, found bool, err error) {
 	s, err := b.instancesStream(ctx)
 	if err != nil {
 		return rec, false, err

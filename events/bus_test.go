@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,5 +257,85 @@ func TestEnsureStreamsKeepsStorage(t *testing.T) {
 		if n := strings.Count(logBuf.String(), `"stream":"`+name+`","storage":"Memory"`); n != 1 {
 			t.Errorf("stream %s: %d log lines about its kept storage, want 1:\n%s", name, n, logBuf.String())
 		}
+	}
+}
+
+// TestLastInstanceSharesFreshReads: concurrent LastInstance calls of one
+// key share STREAM.MSG.GET requests, and every call still returns a record
+// at least as new as the last one published before the call was made.
+func TestLastInstanceSharesFreshReads(t *testing.T) {
+	b, nc := newBus(t, Config{Memory: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	watch, err := nats.Connect(nc.ConnectedUrl())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close()
+	var gets atomic.Int64
+	if _, err := watch.Subscribe("$JS.API.STREAM.MSG.GET.>", func(*nats.Msg) { gets.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	inst := Instance{Key: "ns.mat-0", URL: "https://h:1266", Scope: "static:t"}
+	var published atomic.Int64 // the newest version whose publish was acknowledged
+	publish := func(v int64) {
+		inst := inst
+		inst.Version = strconv.FormatInt(v, 10)
+		if err := b.Publish(ctx, b.Subjects.Instance(inst.Key), TypeInstanceAppeared, "v"+inst.Version, inst); err != nil {
+			t.Error(err)
+			return
+		}
+		published.Store(v)
+	}
+	publish(1)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for v := int64(2); ; v++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			publish(v)
+			time.Sleep(time.Millisecond)
+		}
+	})
+	const callers, calls = 32, 40
+	var readers sync.WaitGroup
+	for range callers {
+		readers.Go(func() {
+			for range calls {
+				want := published.Load()
+				rec, found, err := b.LastInstance(ctx, inst.Key)
+				if err != nil || !found {
+					t.Errorf("LastInstance: found=%v err=%v", found, err)
+					return
+				}
+				got, _ := strconv.ParseInt(rec.Instance.Version, 10, 64)
+				if got < want {
+					t.Errorf("LastInstance returned version %d, made after version %d was published", got, want)
+					return
+				}
+			}
+		})
+	}
+	readers.Wait()
+	close(stop)
+	wg.Wait()
+	_ = watch.Flush()
+	if n := gets.Load(); n == 0 || n > callers*calls/2 {
+		t.Errorf("%d concurrent calls sent %d STREAM.MSG.GET requests; want some, and at most half as many", callers*calls, n)
+	} else {
+		t.Logf("%d concurrent calls sent %d STREAM.MSG.GET requests", callers*calls, n)
+	}
+	b.readMu.Lock()
+	left := len(b.reads)
+	b.readMu.Unlock()
+	if left != 0 {
+		t.Errorf("%d keys' read state left after every call returned", left)
 	}
 }
