@@ -669,7 +669,8 @@ func (r InstanceRecord) Present() bool { return r.Type == TypeInstanceAppeared }
 // instance, each of which must see the newest record, cost JetStream about
 // two STREAM.MSG.GET requests at a time instead of one each. The shared
 // read does not end with one caller's ctx (it is bounded by JetStream's
-// request timeout); a caller whose ctx ends stops waiting with ctx's error.
+// request timeout); a caller whose ctx ends stops waiting at once, with
+// ctx's error.
 func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord, found bool, err error) {
 	b.readMu.Lock()
 	if b.reads == nil {
@@ -690,21 +691,29 @@ func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord,
 		}
 	}
 	b.readMu.Unlock()
-	if !lead {
-		select {
-		case <-r.done:
-			return r.rec, r.found, r.err
-		case <-ctx.Done():
-			return rec, false, ctx.Err()
-		}
+	if lead {
+		go b.runRead(context.WithoutCancel(ctx), key, st, r, prev)
 	}
+	select {
+	case <-r.done:
+		return r.rec, r.found, r.err
+	case <-ctx.Done():
+		return rec, false, ctx.Err()
+	}
+}
+
+// runRead performs the shared read r of key once prev (the read in flight
+// when r was made, or nil) has answered, and closes r.done. ctx carries no
+// cancellation of any one caller: JetStream's request timeout (5 s when ctx
+// has no deadline) bounds the read, and so this goroutine.
+func (b *Bus) runRead(ctx context.Context, key string, st *instanceReads, r, prev *instanceRead) {
 	if prev != nil {
-		<-prev.done // the read in flight ends within JetStream's request timeout
+		<-prev.done
 		b.readMu.Lock()
 		st.running, st.pending = r, nil
 		b.readMu.Unlock()
 	}
-	r.rec, r.found, r.err = b.readInstance(context.WithoutCancel(ctx), key)
+	r.rec, r.found, r.err = b.readInstance(ctx, key)
 	b.readMu.Lock()
 	if st.running == r {
 		st.running = nil
@@ -714,7 +723,6 @@ func (b *Bus) LastInstance(ctx context.Context, key string) (rec InstanceRecord,
 	}
 	b.readMu.Unlock()
 	close(r.done)
-	return r.rec, r.found, r.err
 }
 
 // instanceReads are the LastInstance reads of one key: the one in flight
