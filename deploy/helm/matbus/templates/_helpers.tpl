@@ -129,6 +129,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.common.kubeCompression | quote }}
 - name: MATBUS_HEALTH_ADDR
   value: {{ printf ":%v" .Values.common.healthPort | quote }}
+- name: MATBUS_PROFILING
+  value: {{ .Values.common.profiling | default false | quote }}
 {{- end }}
 
 {{/* Volumes and mounts of the NATS credentials and TLS files, when there are any. */}}
