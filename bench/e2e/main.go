@@ -51,6 +51,7 @@ type config struct {
 	PinControl    bool          `json:"pin_control_plane,omitempty"`
 	PprofDir      string        `json:"-"`
 	PprofLength   time.Duration `json:"-"`
+	PprofDelay    time.Duration `json:"-"` // < 0: profileDelay(PprofLength)
 	Matbus        string        `json:"-"`
 	NATSServer    string        `json:"-"`
 	JSON          string        `json:"-"`
@@ -84,9 +85,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.Matbus, "matbus", "bin/matbus", "the matbus binary (make build)")
 	fs.StringVar(&c.NATSServer, "nats-server", "", "the nats-server binary (default: nats-server beside kube-apiserver, e.g. .bin/)")
 	fs.StringVar(&c.JSON, "json", "", "also write the table and the details as JSON to this file")
-	fs.StringVar(&c.PprofDir, "pprof-dir", "", "save CPU profiles to this folder: kube-apiserver's during the floor's creates and its deletes, and kube-apiserver's, nats-server's and each worker's during each round's converge and delete fan-out "+
-		"(workers get --profiling; summarize with go tool pprof -top)")
-	fs.DurationVar(&c.PprofLength, "pprof-seconds", 20*time.Second, "length of each --pprof-dir profile; it starts 3 s (or a quarter of this, if less) into its phase")
+	fs.StringVar(&c.PprofDir, "pprof-dir", "", "save CPU profiles to this folder: kube-apiserver's during the floor's creates and its deletes, and kube-apiserver's, nats-server's, discovery's and each worker's during each round's converge and delete fan-out "+
+		"(discovery and workers get --profiling; summarize with go tool pprof -top)")
+	fs.DurationVar(&c.PprofLength, "pprof-seconds", 20*time.Second, "length of each --pprof-dir profile; it starts --pprof-delay into its phase")
+	fs.DurationVar(&c.PprofDelay, "pprof-delay", -1, "how long into its phase each --pprof-dir profile starts (default: 3 s, or a quarter of --pprof-seconds if less; 0: at the phase's start, so a profile at least as long as the phase holds all of it)")
 	fs.StringVar(&c.LogDir, "log-dir", "", "keep the processes' logs in this folder (default: a temporary folder, removed)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err

@@ -18,11 +18,20 @@ import (
 // requests' connection set-up stays out of them.
 func profileDelay(d time.Duration) time.Duration { return min(3*time.Second, d/4) }
 
+// pprofDelay is --pprof-delay, or profileDelay(--pprof-seconds) when it
+// is not set.
+func (b *bench) pprofDelay() time.Duration {
+	if b.cfg.PprofDelay >= 0 {
+		return b.cfg.PprofDelay
+	}
+	return profileDelay(b.cfg.PprofLength)
+}
+
 // profile saves CPU profiles taken over --pprof-seconds, starting
-// profileDelay after now, to --pprof-dir: one of kube-apiserver (its
+// --pprof-delay after now, to --pprof-dir: one of kube-apiserver (its
 // /debug/pprof/profile, served because kubelocal leaves --profiling at its
 // default, on), saved as kube-apiserver-<name>.pprof, and one of each of
-// procs that serves /debug/pprof/ (workers run with --profiling,
+// procs that serves /debug/pprof/ (discovery and workers run with --profiling,
 // nats-server with --profile under --pprof-dir), saved as
 // <proc>-<name>.pprof. All are taken over the same span. It returns at
 // once; wait blocks until every profile is written (or failed, which is
@@ -39,7 +48,7 @@ func (b *bench) profile(ctx context.Context, name string, procs ...*proc) (wait 
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(profileDelay(b.cfg.PprofLength)):
+			case <-time.After(b.pprofDelay()):
 			}
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.PprofLength+30*time.Second)
 			defer cancel()

@@ -117,6 +117,9 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	if b.cfg.SyncInterval > 0 {
 		args = append(args, "--sync-interval", b.cfg.SyncInterval.String())
 	}
+	if b.cfg.PprofDir != "" {
+		args = append(args, "--profiling")
+	}
 	convergeAudit := b.audit.Offset()
 	t0 := time.Now()
 	ccpu, _ := load.SampleCPU()
@@ -125,7 +128,10 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return err
 	}
 	defer disc.Stop()
-	prof := b.profile(rctx, fmt.Sprintf("r%d w%d converge", idx, r.Workers), append([]*proc{nproc}, workers...)...)
+	if b.cfg.PprofDir != "" {
+		disc.pprof = health
+	}
+	prof := b.profile(rctx, fmt.Sprintf("r%d w%d converge", idx, r.Workers), append([]*proc{nproc, disc}, workers...)...)
 	// alive ends a wait early when a matbus process has exited.
 	alive := func() error {
 		for _, p := range append(slices.Clone(workers), disc) {
@@ -250,7 +256,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	auditAt := b.audit.Offset()
 	t0 = time.Now()
 	cpu0, _ := load.SampleCPU()
-	prof = b.profile(rctx, fmt.Sprintf("r%d w%d fan-out", idx, r.Workers), append([]*proc{nproc}, workers...)...)
+	prof = b.profile(rctx, fmt.Sprintf("r%d w%d fan-out", idx, r.Workers), append([]*proc{nproc, disc}, workers...)...)
 	for i, s := range sims {
 		empty := &matsim.Fleet{InventoryID: cur[i].InventoryID}
 		if err := s.SetFleet(empty); err != nil {
