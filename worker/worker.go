@@ -137,7 +137,10 @@ type Worker struct {
 	warned       sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
 	// pendingDeletes: Service UID -> when its stale delete job was published.
 	pendingDeletes sync.Map
-	fence          epochFence // the newest discovery leader epoch seen
+	// pendingSwept: when pendingDeletes was last swept of expired entries
+	// (Unix nanoseconds; 0: never).
+	pendingSwept atomic.Int64
+	fence        epochFence // the newest discovery leader epoch seen
 
 	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }
