@@ -205,6 +205,14 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	if ident == "" {
 		ident = hostname()
 	}
+	// A static list is read before anything connects, so a bad one is a
+	// usage error with nothing started.
+	var src discovery.Source
+	if o.isStatic() {
+		if src, err = o.source(nil, namespace, log, nil); err != nil {
+			return err
+		}
+	}
 	nc, err := n.connect("matbus-discovery-"+ident, log)
 	if err != nil {
 		return err
@@ -224,9 +232,10 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	// leading or not, makes its own passes for the sources API, and each
 	// term as leader publishes from the same source. It starts below and
 	// stops when this function returns.
-	src, err := o.source(kube, namespace, log, rep)
-	if err != nil {
-		return err
+	if src == nil {
+		if src, err = o.source(kube, namespace, log, rep); err != nil {
+			return err
+		}
 	}
 	var watch *kubewatch.Tracker // the informer's list and watch calls; nil for a static source
 	if ks, ok := src.(*discovery.KubeSource); ok {

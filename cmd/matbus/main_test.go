@@ -5,20 +5,25 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
 )
 
-func runArgs(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+func runArgs(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	var o, e bytes.Buffer
+	// Goroutine-safe: a NATS connection's asynchronous callbacks may still
+	// log while run returns.
+	var o, e testenv.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	code = run(ctx, args, envT(&o, &e, env))
+	code = run(ctx, args, env{stdout: &o, stderr: &e, lookupEnv: mapEnv(vars)})
 	return code, o.String(), e.String()
 }
 
@@ -80,7 +85,7 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{"empty cluster domain", []string{"discovery", "--cluster-domain", "", "--static", "a=https://x:1", "--leader-elect=false", "--health-addr", ""}, nil, 2, "--cluster-domain"},
 		{"bad prefix", []string{"errors", "--subject-prefix", "a..b", "--since", "1h"}, nil, 2, "prefix"},
 		{"unknown error kind", []string{"errors", "--kind", "boom"}, nil, 2, "not an error kind"},
-		{"empty static list", []string{"discovery", "--static", ",", "--static-name", "x", "--leader-elect=false", "--health-addr", ""}, nil, 2, ""},
+		{"empty static list", []string{"discovery", "--static", ",", "--static-name", "x", "--leader-elect=false", "--health-addr", ""}, nil, 2, "has no instances"},
 		{"bad static url", []string{"discovery", "--static", "a=ftp://x", "--leader-elect=false", "--health-addr", ""}, nil, 2, "scheme"},
 		{"static with election but no cluster", []string{"discovery", "--static", "a=https://x:1", "--health-addr", ""}, nil, 2, "leader-elect=false"},
 		{"static file missing", []string{"discovery", "--static-file", "/nonexistent/instances.yaml", "--leader-elect=false", "--health-addr", ""}, nil, 1, "--static-file /nonexistent/instances.yaml"},
@@ -156,5 +161,36 @@ func TestPollMaxInterval(t *testing.T) {
 		if err != nil || got != c.want {
 			t.Errorf("pollMaxInterval(%v, %v, %v, %v) = %v, %v; want %v", c.poll, c.v, c.given, c.sync, got, err, c.want)
 		}
+	}
+}
+
+// TestBadStaticListConnectsNothing: a static list that does not parse or
+// names no instance is a usage error before discovery connects to NATS.
+func TestBadStaticListConnectsNothing(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var accepted atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			c.Close()
+		}
+	}()
+	for _, static := range []string{",", "a=ftp://x", "=https://x:1"} {
+		code, _, stderr := runArgs(t, nil, "discovery", "--static", static, "--leader-elect=false", "--health-addr", "",
+			"--source-list-addr", "", "--nats-url", "nats://"+l.Addr().String())
+		if code != 2 {
+			t.Errorf("--static %q: exit %d, want 2; stderr:\n%s", static, code, stderr)
+		}
+	}
+	if n := accepted.Load(); n != 0 {
+		t.Errorf("discovery with a bad static list opened %d connections to NATS", n)
 	}
 }
