@@ -79,7 +79,7 @@ func (o *natsOpts) validate() error {
 	}
 	for _, u := range strings.Split(o.url, ",") {
 		if !strings.HasPrefix(strings.TrimSpace(u), "nats://") && !strings.HasPrefix(strings.TrimSpace(u), "tls://") {
-			return fmt.Errorf("%w: --nats-url %q: want nats://host:port or tls://host:port", errUsage, redact.StripUserInfo(u))
+			return fmt.Errorf("%w: --nats-url %q: want nats://host:port or tls://host:port", errUsage, redact.StripUserInfoLoose(strings.TrimSpace(u)))
 		}
 		if err := validURL("--nats-url", strings.TrimSpace(u)); err != nil {
 			return err
@@ -383,7 +383,9 @@ func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) {
 // HTTP. /readyz is 200 "ok" when ready returns nil, else 503 with
 // "not ready: <reason>" (one line). With profiling, Go's runtime profiles
 // are served under /debug/pprof/ too (net/http/pprof: CPU profile for
-// ?seconds=N, heap, goroutine, ...). An empty addr serves nothing.
+// ?seconds=N, heap, goroutine, ...), but not /debug/pprof/cmdline: the
+// command line may hold a password (--nats-url). An empty addr serves
+// nothing.
 func serveHealth(ctx context.Context, addr string, ready func() error, reg *prometheus.Registry, profiling bool, log *slog.Logger) error {
 	if addr == "" {
 		return nil
@@ -402,8 +404,9 @@ func serveHealth(ctx context.Context, addr string, ready func() error, reg *prom
 	}
 	paths := "/healthz /readyz /metrics"
 	if profiling {
+		// pprof.Index answers 404 for /debug/pprof/cmdline, which is not
+		// registered: the command line may hold a password.
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

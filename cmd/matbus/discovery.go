@@ -170,6 +170,9 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
 		return err
 	}
+	if profiling && healthAddr == "" {
+		return fmt.Errorf("%w: --profiling serves on --health-addr, which is empty", errUsage)
+	}
 	if _, err := events.Key(namespace, "x"); err != nil {
 		return fmt.Errorf("%w: --namespace: %v", errUsage, err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -216,6 +217,9 @@ func TestWorkerReadinessCauses(t *testing.T) {
 	}
 	if code, body := get(t, "http://"+addr+"/debug/pprof/heap"); code != http.StatusOK || len(body) == 0 {
 		t.Errorf("/debug/pprof/heap with --profiling: %d, %d bytes", code, len(body))
+	}
+	if code, body := get(t, "http://"+addr+"/debug/pprof/cmdline"); code != http.StatusNotFound || strings.Contains(body, os.Args[0]) {
+		t.Errorf("/debug/pprof/cmdline with --profiling: %d %q; the command line may hold a password", code, body)
 	}
 
 	refused := apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "",

@@ -85,6 +85,8 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{"empty cluster domain", []string{"discovery", "--cluster-domain", "", "--static", "a=https://x:1", "--leader-elect=false", "--health-addr", ""}, nil, 2, "--cluster-domain"},
 		{"bad prefix", []string{"errors", "--subject-prefix", "a..b", "--since", "1h"}, nil, 2, "prefix"},
 		{"unknown error kind", []string{"errors", "--kind", "boom"}, nil, 2, "not an error kind"},
+		{"profiling without health addr", []string{"worker", "--profiling", "--health-addr", ""}, nil, 2, "--profiling serves on --health-addr"},
+		{"discovery profiling without health addr", []string{"discovery", "--profiling", "--health-addr", "", "--static", "a=https://h:1", "--leader-elect=false"}, nil, 2, "--profiling serves on --health-addr"},
 		{"empty static list", []string{"discovery", "--static", ",", "--static-name", "x", "--leader-elect=false", "--health-addr", ""}, nil, 2, "has no instances"},
 		{"bad static url", []string{"discovery", "--static", "a=ftp://x", "--leader-elect=false", "--health-addr", ""}, nil, 2, "scheme"},
 		{"static with election but no cluster", []string{"discovery", "--static", "a=https://x:1", "--health-addr", ""}, nil, 2, "leader-elect=false"},

@@ -57,3 +57,30 @@ func TestUnparsableURLSecrets(t *testing.T) {
 		}
 	}
 }
+
+// TestSchemelessURLSecrets: a --nats-url without "nats://" or "tls://" is a
+// usage error that quotes the value without its user info, whichever
+// subcommand reads it, from the flag or the environment.
+func TestSchemelessURLSecrets(t *testing.T) {
+	urls := []string{"u:S3cretPW@127.0.0.1:4223", "//u:S3cretPW@127.0.0.1:4223", "nats:/u:S3cretPW@127.0.0.1:4223",
+		"nats://127.0.0.1:1,u:S3cretPW@127.0.0.1:4223"}
+	cmds := map[string][]string{
+		"worker":    {"--health-addr", "", "--kubeconfig", ""},
+		"discovery": {"--health-addr", "", "--static", "a=https://h:1", "--leader-elect=false"},
+		"status":    {"--timeout", "2s"},
+		"errors":    {"--since", "1h", "--follow=false"},
+		"check":     {"--timeout", "2s"},
+	}
+	for _, u := range urls {
+		for cmd, extra := range cmds {
+			code, out, errOut := runArgs(t, nil, append([]string{cmd, "--nats-url", u}, extra...)...)
+			if all := out + errOut; code != 2 || strings.Contains(all, "S3cret") || !strings.Contains(errOut, "***@127.0.0.1:4223") {
+				t.Errorf("%s --nats-url %q: exit %d, want 2 and the value without its password:\n%s", cmd, u, code, all)
+			}
+		}
+		code, out, errOut := runArgs(t, map[string]string{"MATBUS_NATS_URL": u}, "errors", "--since", "1h", "--follow=false")
+		if all := out + errOut; code != 2 || strings.Contains(all, "S3cret") {
+			t.Errorf("MATBUS_NATS_URL=%q: exit %d:\n%s", u, code, all)
+		}
+	}
+}

@@ -247,6 +247,9 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
 		return err
 	}
+	if profiling && healthAddr == "" {
+		return fmt.Errorf("%w: --profiling serves on --health-addr, which is empty", errUsage)
+	}
 	log, err := l.logger(e.stderr)
 	if err != nil {
 		return err

@@ -249,3 +249,25 @@ func TestFlagSecretsUnparsableURL(t *testing.T) {
 		t.Fatalf("secret logged: %s", line)
 	}
 }
+
+func TestStripUserInfoLoose(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{"u:S3cretPW@127.0.0.1:4223", "***@127.0.0.1:4223"},
+		{"//u:pw@host:1", "//***@host:1"},
+		{"nats:/u:pw@host:1", "nats:/***@host:1"},
+		{"S3cret:x@host", "***@host"},
+		{"tok@h:1", "***@h:1"},
+		{"u:p@ss@h:1", "***@h:1"},
+		{"nats://u:p@h:1", "nats://***@h:1"},
+		{"127.0.0.1:4222", "127.0.0.1:4222"},
+		{"", ""},
+	}
+	for _, c := range cases {
+		if got := StripUserInfoLoose(c.in); got != c.want {
+			t.Errorf("StripUserInfoLoose(%q) = %q, want %q", c.in, got, c.want)
+		}
+		if strings.Contains(c.in, "pw") && strings.Contains(StripUserInfoLoose(c.in), "pw") {
+			t.Errorf("StripUserInfoLoose(%q) keeps the password", c.in)
+		}
+	}
+}

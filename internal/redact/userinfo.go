@@ -60,6 +60,33 @@ func StripUserInfo(s string) string {
 	return b.String()
 }
 
+// StripUserInfoLoose is StripUserInfo for one value meant as a URL that
+// may lack its "://" (a mistyped flag value such as "u:pw@host:4222",
+// "//u:pw@host" or "nats:/u:pw@host"): without "://", everything before
+// its last '@' except a leading scheme with slashes ("nats:/") or the
+// slashes alone is replaced by UserInfoMarker, so the value can be quoted
+// in an error:
+//
+//	"u:pw@h:4222" → "***@h:4222";  "nats:/u:pw@h" → "nats:/***@h"
+//
+// More is hidden than user info when a later '@' stands in a path, never
+// less. A value with "://" gets StripUserInfo.
+func StripUserInfoLoose(raw string) string {
+	if strings.Contains(raw, "://") {
+		return StripUserInfo(raw)
+	}
+	at := strings.LastIndexByte(raw, '@')
+	if at < 0 {
+		return raw
+	}
+	keep := looseSchemeRE.FindString(raw[:at])
+	return keep + UserInfoMarker + raw[at:]
+}
+
+// looseSchemeRE matches what StripUserInfoLoose keeps before the user
+// info: a scheme followed by one or more slashes, or slashes alone.
+var looseSchemeRE = regexp.MustCompile(`^(?:[A-Za-z][A-Za-z0-9+.-]*:/+|/+)`)
+
 // endsUserInfo reports whether c ends the text after "://" in which user
 // info is looked for: the path's '/' (the next URL's "://" too) or a line
 // break.
