@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -280,14 +281,14 @@ func (o *kubeOpts) register(fs *flag.FlagSet) {
 }
 
 func (o *kubeOpts) validate() error {
-	if o.qps <= 0 || o.burst <= 0 {
-		return fmt.Errorf("%w: --kube-qps and --kube-burst must be positive", errUsage)
+	if !(o.qps > 0) || math.IsInf(o.qps, 0) || o.burst <= 0 {
+		return fmt.Errorf("%w: --kube-qps and --kube-burst must be positive numbers", errUsage)
 	}
 	switch o.rate {
 	case kubeRateFixed:
 	case kubeRateAdaptive:
-		if o.qpsMax <= 0 || o.maxInFlight <= 0 {
-			return fmt.Errorf("%w: --kube-qps-max and --kube-max-inflight must be positive", errUsage)
+		if !(o.qpsMax > 0) || math.IsInf(o.qpsMax, 0) || o.maxInFlight <= 0 {
+			return fmt.Errorf("%w: --kube-qps-max and --kube-max-inflight must be positive numbers", errUsage)
 		}
 	default:
 		return fmt.Errorf("%w: --kube-rate %q: want adaptive or fixed", errUsage, o.rate)
