@@ -202,7 +202,7 @@ func TestNATSTLS(t *testing.T) {
 		{[]string{"--nats-tls-ca", keyFile}, 1, "--nats-tls-ca " + keyFile + ": no PEM certificate in the file"},
 		{[]string{"--nats-tls-cert", certFile, "--nats-tls-key", caFile}, 1, "--nats-tls-cert " + certFile + " and --nats-tls-key " + caFile + " are not a usable certificate and key"},
 	} {
-		args := append([]string{"discovery", "--static", "tls-ns/mat-a=http://127.0.0.1:1", "--leader-elect=false",
+		args := append([]string{"discovery", "--static", "tls-ns/mat-a=http://127.0.0.1:1", "--namespace", "tls-ns", "--leader-elect=false",
 			"--health-addr", "", "--source-list-addr", "", "--nats-url", url}, c.args...)
 		code, _, errOut := runArgs(t, nil, args...)
 		if code != c.code || !strings.Contains(errOut, c.want) {
