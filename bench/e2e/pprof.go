@@ -79,8 +79,8 @@ func (b *bench) profile(ctx context.Context, name string, procs ...*proc) (wait 
 	return wg.Wait
 }
 
-// httpGet returns the body of a 200 answer to GET url; any other status
-// is an error carrying the start of the body.
+// httpGet returns the body (at most 64 MiB) of a 200 answer to GET url;
+// any other status is an error carrying the start of the body.
 func httpGet(ctx context.Context, url string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -91,7 +91,7 @@ func httpGet(ctx context.Context, url string) ([]byte, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
 		return nil, err
 	}

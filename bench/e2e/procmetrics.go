@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"maps"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -159,21 +157,9 @@ func scrapeProc(ctx context.Context, p *proc) (promSamples, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.health+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
+	body, err := httpGet(ctx, "http://"+p.health+"/metrics")
 	if err != nil {
 		return nil, fmt.Errorf("%s /metrics: %w", p.name, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return nil, fmt.Errorf("%s /metrics: %w", p.name, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s /metrics: %s", p.name, resp.Status)
 	}
 	return parseProm(string(body), "matbus_")
 }

@@ -42,7 +42,8 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 	defer b.cleanNamespace(ns)
 
-	nproc, natsURL, err := startNATS(rctx, b.cfg.NATSServer, dir, "nats-server", b.cfg.PprofDir != "")
+	profiling := b.cfg.PprofDir != "" // CPU profiles of every process (--pprof-dir)
+	nproc, natsURL, err := startNATS(rctx, b.cfg.NATSServer, dir, "nats-server", profiling)
 	if err != nil {
 		return err
 	}
@@ -82,7 +83,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		name := "worker-" + strconv.Itoa(i)
 		args := []string{"worker", "--nats-url", natsURL, "--kubeconfig", b.cluster.Kubeconfig,
 			"--namespace", ns, "--worker-name", name, "--health-addr", health, "--insecure-skip-verify"}
-		if b.cfg.PprofDir != "" {
+		if profiling {
 			args = append(args, "--profiling")
 		}
 		p, err := startProc(rctx, dir, name, b.cfg.Matbus, append(args, b.cfg.WorkerArgs...)...)
@@ -90,7 +91,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 			return err
 		}
 		p.health = health
-		if b.cfg.PprofDir != "" {
+		if profiling {
 			p.pprof = health
 		}
 		workers = append(workers, p)
@@ -117,7 +118,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	if b.cfg.SyncInterval > 0 {
 		args = append(args, "--sync-interval", b.cfg.SyncInterval.String())
 	}
-	if b.cfg.PprofDir != "" {
+	if profiling {
 		args = append(args, "--profiling")
 	}
 	convergeAudit := b.audit.Offset()
@@ -128,7 +129,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		return err
 	}
 	defer disc.Stop()
-	if b.cfg.PprofDir != "" {
+	if profiling {
 		disc.pprof = health
 	}
 	prof := b.profile(rctx, fmt.Sprintf("r%d w%d converge", idx, r.Workers), append([]*proc{nproc, disc}, workers...)...)
