@@ -379,6 +379,25 @@ func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) {
 	return kc, nil
 }
 
+// healthOpts are worker's and discovery's flags of the listener of
+// /healthz, /readyz, /metrics and, with --profiling, /debug/pprof/.
+type healthOpts struct {
+	addr      string
+	profiling bool
+}
+
+func (o *healthOpts) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.addr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
+	fs.BoolVar(&o.profiling, "profiling", false, "also serve Go's runtime profiles under /debug/pprof/ on --health-addr (CPU: /debug/pprof/profile?seconds=N; heap, goroutine); for diagnosis, not for production exposure")
+}
+
+func (o *healthOpts) validate() error {
+	if o.profiling && o.addr == "" {
+		return fmt.Errorf("%w: --profiling serves on --health-addr, which is empty", errUsage)
+	}
+	return nil
+}
+
 // serveHealth serves /healthz, /readyz and /metrics (Prometheus) on addr
 // until ctx ends. /healthz is liveness only: 200 while the process serves
 // HTTP. /readyz is 200 "ok" when ready returns nil, else 503 with

@@ -156,7 +156,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	var l logOpts
 	var k kubeOpts
 	var o discoveryOpts
-	var namespace, healthAddr string
+	var namespace string
 	n.register(fs)
 	n.registerTLS(fs)
 	n.registerReplicas(fs)
@@ -164,14 +164,10 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	k.register(fs)
 	o.register(fs)
 	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
-	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
-	var profiling bool
-	fs.BoolVar(&profiling, "profiling", false, "also serve Go's runtime profiles under /debug/pprof/ on --health-addr (CPU: /debug/pprof/profile?seconds=N; heap, goroutine); for diagnosis, not for production exposure")
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
+	var h healthOpts
+	h.register(fs)
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate, h.validate); err != nil {
 		return err
-	}
-	if profiling && healthAddr == "" {
-		return fmt.Errorf("%w: --profiling serves on --health-addr, which is empty", errUsage)
 	}
 	if _, err := events.Key(namespace, "x"); err != nil {
 		return fmt.Errorf("%w: --namespace: %v", errUsage, err)
@@ -255,7 +251,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	}
 	ready := discoveryReadiness(nc, probe, watch, &cur, o.staleAfter)
 	readyMetric(reg, "discovery", ready.err)
-	if err := serveHealth(ctx, healthAddr, ready.err, reg, profiling, log); err != nil {
+	if err := serveHealth(ctx, h.addr, ready.err, reg, h.profiling, log); err != nil {
 		return err
 	}
 	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)

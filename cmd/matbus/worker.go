@@ -234,21 +234,16 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	var l logOpts
 	var k kubeOpts
 	var o workerOpts
-	var healthAddr string
 	n.register(fs)
 	n.registerTLS(fs)
 	n.registerReplicas(fs)
 	l.register(fs)
 	k.register(fs)
 	o.register(fs)
-	fs.StringVar(&healthAddr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
-	var profiling bool
-	fs.BoolVar(&profiling, "profiling", false, "also serve Go's runtime profiles under /debug/pprof/ on --health-addr (CPU: /debug/pprof/profile?seconds=N; heap, goroutine); for diagnosis, not for production exposure")
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate); err != nil {
+	var h healthOpts
+	h.register(fs)
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate, h.validate); err != nil {
 		return err
-	}
-	if profiling && healthAddr == "" {
-		return fmt.Errorf("%w: --profiling serves on --health-addr, which is empty", errUsage)
 	}
 	log, err := l.logger(e.stderr)
 	if err != nil {
@@ -300,7 +295,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
 	ready := workerReadiness(nc, startAPIProbeUnless(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
 	readyMetric(reg, "worker", ready.err)
-	if err := serveHealth(ctx, healthAddr, ready.err, reg, profiling, log); err != nil {
+	if err := serveHealth(ctx, h.addr, ready.err, reg, h.profiling, log); err != nil {
 		return err
 	}
 	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
