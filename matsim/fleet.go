@@ -45,6 +45,13 @@ type FleetSpec struct {
 	// skipping the network (and, up to /30, broadcast) address. Default
 	// DefaultBMCSubnet. Give fleets that run side by side different subnets.
 	BMCSubnet string
+	// NVOSSubnet is the IPv4 CIDR the switches' NVOS IPs are taken from:
+	// a switch's NVOS IP has the same offset in it as its BMC IP has in
+	// BMCSubnet, so it must be at least as large as BMCSubnet and must not
+	// overlap it. Default: BMCSubnet moved up by 2 in its second octet
+	// (10.96.64.0/18 gives 10.98.64.0/18), so fleets with BMC subnets that
+	// do not overlap get NVOS IPs that do not overlap either.
+	NVOSSubnet string
 	// Seed makes the fleet deterministic: the same spec gives the same
 	// fleet. IDs depend on the seed and the subnet, so fleets that differ in
 	// either have different mat_ids.
@@ -209,8 +216,9 @@ func hasInfiniBand(hw string) bool {
 // and NICo-like machine IDs from the seed, BMC IPs allocated sequentially
 // from the subnet in body order (each host, then its DPUs; then switches;
 // then power shelves), redfish 443 -> 1266 everywhere, IPMI and SSH as the
-// spec says, machine IPs 10.100.x.y and NVOS IPs 10.98.x.y where x.y are the
-// low 16 bits of the device's BMC IP. Errors wrap ErrInvalidSpec.
+// spec says, machine IPs 10.100.x.y where x.y are the low 16 bits of the
+// device's BMC IP, and NVOS IPs at the BMC IP's offset in the NVOS subnet
+// (see FleetSpec.NVOSSubnet). Errors wrap ErrInvalidSpec.
 func Generate(spec FleetSpec) (*Fleet, error) {
 	for _, c := range []struct {
 		name string
@@ -231,6 +239,12 @@ func Generate(spec FleetSpec) (*Fleet, error) {
 		return nil, fmt.Errorf("%w: BMCSubnet %q is not an IPv4 CIDR", ErrInvalidSpec, spec.BMCSubnet)
 	}
 	prefix = prefix.Masked()
+	var nvos netip.Prefix
+	if spec.Switches > 0 || spec.NVOSSubnet != "" {
+		if nvos, err = nvosSubnet(prefix, spec.NVOSSubnet); err != nil {
+			return nil, err
+		}
+	}
 	dpus := spec.Hosts * spec.DPUsPerHost
 	total := spec.Hosts + dpus + spec.Switches + spec.PowerShelves
 	if usable := usableAddrs(prefix); uint64(total) > usable {
@@ -320,7 +334,7 @@ func Generate(spec FleetSpec) (*Fleet, error) {
 			BMC:          matclient.BMC{IP: g.ip(), Redfish: redfish},
 		}
 		sw.DeviceID = sw.MatID
-		sw.NvosIP = lowBits("10.98.0.0", sw.BMC.IP)
+		sw.NvosIP = sameOffset(prefix, nvos, sw.BMC.IP)
 		fleet.Machines = append(fleet.Machines, sw)
 	}
 	for i := range spec.PowerShelves {
@@ -392,6 +406,45 @@ func (g *gen) ip() string {
 	a := g.next
 	g.next = a.Next()
 	return a.String()
+}
+
+// nvosSubnet returns the NVOS subnet of a fleet whose BMC subnet is bmc:
+// spec parsed, or, when spec is empty, bmc moved up by 2 in its second
+// octet. It must be an IPv4 CIDR at least as large as bmc that does not
+// overlap it (errors wrap ErrInvalidSpec and name what to change).
+func nvosSubnet(bmc netip.Prefix, spec string) (netip.Prefix, error) {
+	if spec == "" {
+		a := bmc.Addr().As4()
+		if a[1] > 253 {
+			return netip.Prefix{}, fmt.Errorf("%w: no default NVOS subnet for BMC subnet %s (its second octet + 2 exceeds 255): set the NVOS subnet", ErrInvalidSpec, bmc)
+		}
+		a[1] += 2
+		p := netip.PrefixFrom(netip.AddrFrom4(a), bmc.Bits()).Masked()
+		if p.Overlaps(bmc) {
+			return netip.Prefix{}, fmt.Errorf("%w: BMC subnet %s is too large for the default NVOS subnet (%s overlaps it): set an NVOS subnet of the same size outside it", ErrInvalidSpec, bmc, p)
+		}
+		return p, nil
+	}
+	p, err := netip.ParsePrefix(spec)
+	if err != nil || !p.Addr().Is4() {
+		return netip.Prefix{}, fmt.Errorf("%w: NVOS subnet %q is not an IPv4 CIDR", ErrInvalidSpec, spec)
+	}
+	p = p.Masked()
+	if p.Bits() > bmc.Bits() {
+		return netip.Prefix{}, fmt.Errorf("%w: NVOS subnet %s is smaller than BMC subnet %s: a switch's NVOS IP has its BMC IP's offset, so give it at least /%d", ErrInvalidSpec, p, bmc, bmc.Bits())
+	}
+	if p.Overlaps(bmc) {
+		return netip.Prefix{}, fmt.Errorf("%w: NVOS subnet %s overlaps BMC subnet %s: NVOS IPs would be BMC IPs", ErrInvalidSpec, p, bmc)
+	}
+	return p, nil
+}
+
+// sameOffset returns the address of to that has ip's offset in from.
+func sameOffset(from, to netip.Prefix, ip string) string {
+	a, f, t := netip.MustParseAddr(ip).As4(), from.Addr().As4(), to.Addr().As4()
+	u := func(b [4]byte) uint32 { return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]) }
+	v := u(t) + (u(a) - u(f))
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)}).String()
 }
 
 // lowBits returns base (a /16) plus the low 16 bits of ip.

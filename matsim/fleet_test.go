@@ -127,6 +127,85 @@ func TestGenerateFleetsDoNotCollide(t *testing.T) {
 	}
 }
 
+// Fleets side by side with BMC subnets that do not overlap get NVOS IPs that
+// collide neither with each other's nor with any BMC IP, whatever the low
+// bits of their subnets (10.96.64.0/20 and 10.104.64.0/20 share them).
+func TestGenerateNVOSIPsFollowTheBMCSubnet(t *testing.T) {
+	specs := []FleetSpec{
+		{Switches: 20, Hosts: 3, BMCSubnet: "10.96.64.0/20", Seed: 1},
+		{Switches: 20, Hosts: 3, BMCSubnet: "10.104.64.0/20", Seed: 1},
+		{Switches: 20, Hosts: 3, BMCSubnet: "10.96.80.0/20", Seed: 1},
+		{Switches: 20, Hosts: 3, BMCSubnet: "10.97.64.0/20", Seed: 9},
+	}
+	owner := map[string]string{}
+	claim := func(ip, who string) {
+		if prev, dup := owner[ip]; dup {
+			t.Errorf("IP %s is %s and %s", ip, prev, who)
+		}
+		owner[ip] = who
+	}
+	for _, spec := range specs {
+		f := mustGenerate(t, spec)
+		walk(f.Machines, func(d *matclient.Device) {
+			claim(d.BMC.IP, spec.BMCSubnet+" BMC of "+d.MatID)
+			if d.NvosIP != "" {
+				claim(d.NvosIP, spec.BMCSubnet+" NVOS of "+d.MatID)
+			}
+		})
+	}
+	// The default subnet keeps its NVOS IPs where they always were.
+	f := mustGenerate(t, FleetSpec{Switches: 1})
+	if sw := f.Machines[0]; sw.BMC.IP != "10.96.64.1" || sw.NvosIP != "10.98.64.1" {
+		t.Errorf("default fleet: switch BMC %s NVOS %s, want 10.96.64.1 and 10.98.64.1", sw.BMC.IP, sw.NvosIP)
+	}
+}
+
+func TestGenerateNVOSSubnet(t *testing.T) {
+	tests := []struct {
+		name     string
+		spec     FleetSpec
+		nvos     string // the first switch's NVOS IP
+		wantErr  string
+		switches int
+	}{
+		{name: "default", spec: FleetSpec{BMCSubnet: "10.104.0.0/20"}, nvos: "10.106.0.1"},
+		{name: "set", spec: FleetSpec{BMCSubnet: "10.104.0.0/20", NVOSSubnet: "172.20.16.0/20"}, nvos: "172.20.16.1"},
+		{name: "set larger", spec: FleetSpec{BMCSubnet: "10.104.0.0/24", NVOSSubnet: "172.20.0.0/16"}, nvos: "172.20.0.1"},
+		{name: "host bits masked", spec: FleetSpec{BMCSubnet: "10.104.0.0/24", NVOSSubnet: "172.20.0.7/24"}, nvos: "172.20.0.1"},
+		{name: "smaller", spec: FleetSpec{BMCSubnet: "10.104.0.0/20", NVOSSubnet: "172.20.0.0/24"}, wantErr: "smaller than BMC subnet"},
+		{name: "overlaps", spec: FleetSpec{BMCSubnet: "10.104.0.0/20", NVOSSubnet: "10.104.0.0/16"}, wantErr: "overlaps BMC subnet"},
+		{name: "garbage", spec: FleetSpec{NVOSSubnet: "nvos"}, wantErr: "NVOS subnet \"nvos\" is not an IPv4 CIDR"},
+		{name: "ipv6", spec: FleetSpec{NVOSSubnet: "fd00::/64"}, wantErr: "not an IPv4 CIDR"},
+		{name: "default too large", spec: FleetSpec{BMCSubnet: "10.0.0.0/8"}, wantErr: "too large for the default NVOS subnet"},
+		{name: "default past 255", spec: FleetSpec{BMCSubnet: "10.254.0.0/24"}, wantErr: "set the NVOS subnet"},
+		{name: "no switches, no NVOS subnet needed", spec: FleetSpec{BMCSubnet: "10.0.0.0/8"}, switches: -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.spec.Switches = 1
+			if tt.switches < 0 {
+				tt.spec.Switches, tt.spec.Hosts = 0, 1
+			}
+			f, err := Generate(tt.spec)
+			if tt.wantErr != "" {
+				if !errors.Is(err, ErrInvalidSpec) || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Generate = %v, want ErrInvalidSpec containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.switches < 0 {
+				return
+			}
+			if got := f.Machines[0].NvosIP; got != tt.nvos {
+				t.Errorf("NVOS IP %s, want %s", got, tt.nvos)
+			}
+		})
+	}
+}
+
 func TestGenerateShapes(t *testing.T) {
 	spec := FleetSpec{Hosts: 300, DPUsPerHost: 3, Switches: 10, PowerShelves: 10, IPMI: true, SSH: true, Seed: 7, BMCSubnet: "10.96.64.0/18"}
 	f := mustGenerate(t, spec)

@@ -103,14 +103,23 @@ func runDev(ctx context.Context, args []string, e env) error {
 	if err != nil || !base.Addr().Is4() {
 		return fmt.Errorf("%w: --bmc-subnet %q: want an IPv4 CIDR such as 10.96.64.0/20", errUsage, f.subnet)
 	}
+	var nvosBase netip.Prefix
+	if f.nvosSubnet != "" {
+		if nvosBase, err = netip.ParsePrefix(f.nvosSubnet); err != nil || !nvosBase.Addr().Is4() {
+			return fmt.Errorf("%w: --nvos-subnet %q: want an IPv4 CIDR such as 10.98.64.0/20", errUsage, f.nvosSubnet)
+		}
+	}
 	var fleets []*matsim.Fleet
 	for i := 0; i < sims; i++ {
 		spec := f.spec()
 		spec.Seed = f.seed + int64(i)
 		spec.BMCSubnet = nthSubnet(base, i).String()
+		if f.nvosSubnet != "" {
+			spec.NVOSSubnet = nthSubnet(nvosBase, i).String()
+		}
 		fleet, err := matsim.Generate(spec)
 		if err != nil {
-			return fmt.Errorf("%w: fleet %d (--hosts, --dpus-per-host, --switches, --power-shelves, --bmc-subnet): %v", errUsage, i, err)
+			return fmt.Errorf("%w: fleet %d (--hosts, --dpus-per-host, --switches, --power-shelves, --bmc-subnet, --nvos-subnet): %v", errUsage, i, err)
 		}
 		fleets = append(fleets, fleet)
 	}
@@ -229,6 +238,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 
 	// 4. Error events and Services, printed as they happen.
 	var errCount atomic.Int64
+	var ipHinted atomic.Bool                      // ipTakenHint printed
 	var lastPermanent, lastTransient atomic.Int64 // unix nanoseconds of the newest error event of each kind
 	seen := map[string]bool{}                     // event ids printed (a re-published event arrives twice)
 	nc, err := n.connect("matbus-dev-watch", log)
@@ -256,6 +266,9 @@ func runDev(ctx context.Context, args []string, e env) error {
 		var b bytes.Buffer
 		b.WriteString("ERROR ")
 		operator.WriteErrorEvent(&b, m.Subject, m.Data, false)
+		if ipTaken(m.Data) && !ipHinted.Swap(true) {
+			b.WriteString(ipTakenHint)
+		}
 		_, _ = out.Write(b.Bytes())
 	})
 	if err != nil {
@@ -409,6 +422,18 @@ func writeSummary(out io.Writer, s devSummary, code int) error {
 
 // nthSubnet returns the i-th block of base's size after base (a /20 base
 // gives 10.96.64.0/20, 10.96.80.0/20, ...).
+// ipTakenHint follows the first error event of a BMC or NVOS IP that
+// another Service holds: on a cluster shared with another fleet (another
+// `dev`, or real BMCs), the fix is another subnet.
+const ipTakenHint = "HINT  another Service on this cluster holds that IP (another dev fleet, or real BMCs?): " +
+	"start this one with other --bmc-subnet and --nvos-subnet (e.g. --bmc-subnet 10.104.64.0/20, whose NVOS IPs are 10.106.64.0/20) and another --seed\n"
+
+// ipTaken reports whether error event data says that a cluster IP is
+// allocated to another Service.
+func ipTaken(data []byte) bool {
+	return bytes.Contains(data, []byte("already allocated")) || bytes.Contains(data, []byte("is allocated to another"))
+}
+
 func nthSubnet(base netip.Prefix, i int) netip.Prefix {
 	a := base.Masked().Addr().As4()
 	v := uint32(a[0])<<24 | uint32(a[1])<<16 | uint32(a[2])<<8 | uint32(a[3])

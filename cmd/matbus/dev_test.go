@@ -42,3 +42,29 @@ func TestDevOnceStopsOnPermanentProblems(t *testing.T) {
 		}
 	}
 }
+
+// TestIPTakenHint: the error events of a BMC IP that another Service holds,
+// as the worker words them and as the API server does, get dev's hint to
+// move the fleet to other subnets; other errors do not.
+func TestIPTakenHint(t *testing.T) {
+	for _, tt := range []struct {
+		msg  string
+		want bool
+	}{
+		{`cluster IP 10.96.64.6 is allocated to another Service: Service "mat-bmc-host-x" is invalid`, true},
+		{`Service "mat-bmc-host-x" is invalid: spec.clusterIPs: Invalid value: ["10.96.64.6"]: failed to allocate IP 10.96.64.6: provided IP is already allocated`, true},
+		{`status fetch failed, no Service changed: connection refused`, false},
+		{`Service "mat-bmc-host-x" is invalid: spec.clusterIPs: Invalid value: ["10.200.0.1"]: failed to allocate IP 10.200.0.1: the provided IP (10.200.0.1) is not in the valid range`, false},
+	} {
+		data, err := json.Marshal(map[string]string{"message": tt.msg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ipTaken(data); got != tt.want {
+			t.Errorf("ipTaken(%q) = %v, want %v", tt.msg, got, tt.want)
+		}
+	}
+	if !strings.Contains(ipTakenHint, "--bmc-subnet") || !strings.Contains(ipTakenHint, "--nvos-subnet") {
+		t.Errorf("the hint names no flag to change: %s", ipTakenHint)
+	}
+}

@@ -12,7 +12,7 @@ import (
 type fleetOpts struct {
 	hosts, dpus, switches, shelves int
 	ipmi, ssh                      bool
-	subnet                         string
+	subnet, nvosSubnet             string
 	seed                           int64
 }
 
@@ -29,12 +29,13 @@ func (o *fleetOpts) register(fsVar interface {
 	fsVar.BoolVar(&o.ipmi, "ipmi", true, "hosts advertise an IPMI endpoint (dynamic ports)")
 	fsVar.BoolVar(&o.ssh, "ssh", false, "devices advertise an SSH console")
 	fsVar.StringVar(&o.subnet, "bmc-subnet", "10.96.64.0/20", "CIDR the BMC IPs are taken from")
+	fsVar.StringVar(&o.nvosSubnet, "nvos-subnet", "", "CIDR the switches' NVOS IPs are taken from, at their BMC IP's offset: at least as large as --bmc-subnet and outside it (default: --bmc-subnet moved up by 2 in its second octet, e.g. 10.98.64.0/20 for 10.96.64.0/20)")
 	fsVar.Int64Var(&o.seed, "seed", 1, "seed of the generated ids")
 }
 
 func (o *fleetOpts) spec() matsim.FleetSpec {
 	return matsim.FleetSpec{Hosts: o.hosts, DPUsPerHost: o.dpus, Switches: o.switches, PowerShelves: o.shelves,
-		IPMI: o.ipmi, SSH: o.ssh, BMCSubnet: o.subnet, Seed: o.seed}
+		IPMI: o.ipmi, SSH: o.ssh, BMCSubnet: o.subnet, NVOSSubnet: o.nvosSubnet, Seed: o.seed}
 }
 
 func runMatsim(ctx context.Context, args []string, e env) error {
