@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,7 +59,9 @@ func runDev(ctx context.Context, args []string, e env) error {
 	var once, tls bool
 	var timeout, interval, poll, pollMax time.Duration
 	var pollMaxGiven bool
-	n.register(fs)
+	// dev runs its own NATS server: of the NATS flags only the prefix
+	// applies (the URL and credentials flags are refused, see devFlagHint).
+	fs.StringVar(&n.prefix, "subject-prefix", events.DefaultPrefix, "first token(s) of every matbus subject")
 	l.register(fs)
 	k.register(fs)
 	w.register(fs)
@@ -78,8 +81,14 @@ func runDev(ctx context.Context, args []string, e env) error {
 	// dev's own defaults differ from the worker's.
 	_ = fs.Set("namespace", "matbus-dev")
 	fs.Lookup("namespace").DefValue = "matbus-dev"
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate); err != nil {
-		return err
+	validPrefix := func() error {
+		if err := events.ValidatePrefix(n.prefix); err != nil {
+			return fmt.Errorf("%w: --subject-prefix: %v", errUsage, err)
+		}
+		return nil
+	}
+	if err := parseAndValidate(fs, args, e.lookupEnv, validPrefix, k.validate, w.validate); err != nil {
+		return devFlagHint(err)
 	}
 	if sims < 1 || sims > 16 || workers < 1 {
 		return fmt.Errorf("%w: --simulators must be 1..16 and --workers at least 1", errUsage)
@@ -422,6 +431,23 @@ func writeSummary(out io.Writer, s devSummary, code int) error {
 
 // nthSubnet returns the i-th block of base's size after base (a /20 base
 // gives 10.96.64.0/20, 10.96.80.0/20, ...).
+// notDevFlags are flags of the commands that join an operator's NATS
+// server, which dev (running its own) refuses instead of ignoring.
+var notDevFlags = []string{"nats-url", "nats-creds", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "stream-replicas"}
+
+// devFlagHint turns dev's "unknown flag" error for a flag of notDevFlags
+// into one that says why and what to use instead; other errors are
+// returned as they are.
+func devFlagHint(err error) error {
+	for _, f := range notDevFlags {
+		if strings.Contains(err.Error(), "unknown flag --"+f) {
+			return fmt.Errorf("%w: --%s is not a dev flag: dev runs its own embedded NATS server (set its address with --nats-host and --nats-port); "+
+				"to run against a NATS server of yours, run `matbus discovery` and `matbus worker` with --%s", errUsage, f, f)
+		}
+	}
+	return err
+}
+
 // ipTakenHint follows the first error event of a BMC or NVOS IP that
 // another Service holds: on a cluster shared with another fleet (another
 // `dev`, or real BMCs), the fix is another subnet.

@@ -101,6 +101,10 @@ func TestUsageAndBadFlags(t *testing.T) {
 		{"poll max from env below poll", []string{"discovery", "--poll-interval", "2s", "--static", "a=https://x:1"}, map[string]string{"MATBUS_POLL_MAX_INTERVAL": "1s"}, 2, "--poll-max-interval"},
 		{"dev poll max above sync", []string{"dev", "--sync-interval", "5s", "--poll-max-interval", "6s"}, nil, 2, "--poll-max-interval"},
 		{"nats port out of range", []string{"dev", "--nats-port", "70000"}, nil, 2, "0..65535"},
+		{"dev refuses --nats-url", []string{"dev", "--nats-url", "nats://127.0.0.1:4222"}, nil, 2, "--nats-url is not a dev flag: dev runs its own embedded NATS server"},
+		{"dev refuses --nats-creds", []string{"dev", "--nats-creds=/x.creds"}, nil, 2, "--nats-creds is not a dev flag"},
+		{"dev refuses --stream-replicas", []string{"dev", "-stream-replicas", "3"}, nil, 2, "--stream-replicas is not a dev flag"},
+		{"dev keeps its prefix flag", []string{"dev", "--subject-prefix", "bad prefix"}, nil, 2, "--subject-prefix"},
 		{"version", []string{"version"}, nil, 0, ""},
 	}
 	for _, c := range cases {
