@@ -122,8 +122,9 @@ var _ io.Closer = (*Client)(nil)
 
 // ParseBaseURL validates a MAT base URL: scheme http or https, a host (with
 // an optional port in 1..65535), no userinfo, no query, no fragment. A path
-// is allowed; the status path is joined onto it. Errors wrap ErrInvalidURL
-// and never echo a password.
+// is allowed; the status path is joined onto it, so a path that already
+// ends in /machines/status is refused with the base URL to give instead.
+// Errors wrap ErrInvalidURL and never echo a password.
 func ParseBaseURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
@@ -154,6 +155,12 @@ func ParseBaseURL(raw string) (*url.URL, error) {
 		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
 			return nil, fmt.Errorf("%w: %q: port %q out of range 1..65535", ErrInvalidURL, shown, p)
 		}
+	}
+	if p := strings.TrimSuffix(u.Path, "/"); p == "/"+StatusPath || strings.HasSuffix(p, "/"+StatusPath) {
+		base := *u
+		base.Path = strings.TrimSuffix(p, StatusPath)
+		base.RawPath = ""
+		return nil, fmt.Errorf("%w: %q is a status URL; give the instance's base URL %q (the status path is added to it)", ErrInvalidURL, shown, base.String())
 	}
 	return u, nil
 }

@@ -77,6 +77,7 @@ func TestParseBaseURL(t *testing.T) {
 		name, in   string
 		wantStatus string // "" = invalid
 		notInErr   string // must not leak into the error
+		wantErr    string // must be in the error
 	}{
 		{name: "https with port and slash", in: "https://h:1266/", wantStatus: "https://h:1266/machines/status"},
 		{name: "http no slash", in: "http://mat.ns.svc", wantStatus: "http://mat.ns.svc/machines/status"},
@@ -106,6 +107,10 @@ func TestParseBaseURL(t *testing.T) {
 		{name: "port not numeric", in: "https://h:https/"},
 		{name: "control char", in: "https://h/\n"},
 		{name: "space in host", in: "https://h h/"},
+		{name: "status URL", in: "https://127.0.0.1:37631/machines/status", wantErr: `give the instance's base URL "https://127.0.0.1:37631/"`},
+		{name: "status URL with slash", in: "https://h/machines/status/", wantErr: `base URL "https://h/"`},
+		{name: "status URL under a prefix", in: "https://h/mat/a/machines/status", wantErr: `base URL "https://h/mat/a/"`},
+		{name: "path merely containing it", in: "https://h/machines/status-api", wantStatus: "https://h/machines/status-api/machines/status"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,6 +128,9 @@ func TestParseBaseURL(t *testing.T) {
 				}
 				if tt.notInErr != "" && strings.Contains(err.Error(), tt.notInErr) {
 					t.Errorf("error %q leaks %q", err, tt.notInErr)
+				}
+				if !strings.Contains(err.Error(), tt.wantErr) {
+					t.Errorf("error %q does not say %q", err, tt.wantErr)
 				}
 				return
 			}
