@@ -18,9 +18,10 @@ build:
 tools:
 	@bash hack/tools.sh
 
-## run: the whole pipeline in one process (embedded NATS, simulators, local
+## run (builds only etcd and kube-apiserver of the tools): the whole pipeline in one process (embedded NATS, simulators, local
 ## kube-apiserver unless KUBECONFIG is set, discovery, workers). ARGS="--once" exits when converged.
-run: tools build
+run: build
+	@bash hack/tools.sh apiserver
 	./bin/matbus dev $(ARGS)
 
 ## test: everything CI runs — lint, unit and integration tests with -race on

@@ -33,6 +33,8 @@ build_module_tools() { # <dir> <stamp> <builds...>
 # etcd, etcdctl, kube-apiserver and nats-server are static (CGO_ENABLED=0): `make compose-e2e` also
 # copies them into the local stand-ins of the upstream images (hack/compose-e2e.sh).
 CGO_ENABLED=0 build_module_tools tools/k8s k8s "etcd=./etcd" "etcdctl=go.etcd.io/etcd/etcdctl/v3" "kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver"
+# `make run` needs only those (`hack/tools.sh apiserver`).
+[ "${1:-}" = apiserver ] && exit 0
 # helm (for `make deploy-check`); its default Kubernetes version is set to the API server's (v1.37) for `helm template`/`lint`.
 GOFLAGS="-buildvcs=false -ldflags=-X=helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=37" build_module_tools tools/helm helm "helm=helm.sh/helm/v3/cmd/helm"
 # nats-server (a separate process for the fault tests in faulttest/), from the version in the project's go.mod.
