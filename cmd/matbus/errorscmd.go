@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/operator"
 )
@@ -41,7 +43,17 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("%w: --follow=false needs --since", errUsage)
 	}
 	log, _ := (&logOpts{level: "warn", format: "text", fs: fs}).logger(e.stderr)
-	nc, err := n.connect("matbus-errors", log)
+	// Run by hand, a NATS that cannot be reached is said within seconds; as a
+	// service (--health-addr) it is waited for, and /readyz says why.
+	var (
+		nc  *nats.Conn
+		err error
+	)
+	if healthAddr == "" {
+		nc, err = connectReachable(ctx, &n, "matbus-errors", log, reachWait)
+	} else {
+		nc, err = n.connect("matbus-errors", log)
+	}
 	if err != nil {
 		return err
 	}

@@ -72,6 +72,9 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
+	if err := kubeReachable(ctx, kube, cfg.Host, reachWait); err != nil {
+		return err
+	}
 	var src discovery.Source
 	if d.isStatic() {
 		if src, err = d.source(nil, w.namespace, log, nil); err != nil {

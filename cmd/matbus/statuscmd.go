@@ -52,7 +52,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	log = log.With("component", "status")
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	nc, err := n.connect("matbus-status", log)
+	nc, err := connectReachable(ctx, &n, "matbus-status", log, reachWait)
 	if err != nil {
 		return err
 	}
@@ -66,6 +66,8 @@ func runStatus(ctx context.Context, args []string, e env) error {
 		cfg.KubeErr = err
 	} else if cfg.Kube, err = kubeClient(rc); err != nil {
 		cfg.KubeErr = err
+	} else if err := kubeReachable(ctx, cfg.Kube, rc.Host, reachWait); err != nil {
+		cfg.Kube, cfg.KubeErr = nil, err
 	}
 	st, err := operator.ReadStatus(ctx, cfg)
 	if err != nil {
