@@ -21,7 +21,7 @@ build_module_tools() { # <dir> <stamp> <builds...>
 	for b in "$@"; do
 		local name=${b%%=*} pkg=${b#*=}
 		if [ "$name" = kube-apiserver ]; then
-			echo ">> building kube-apiserver from Go modules into .bin/ — the first build takes about 7-14 minutes on 2 cores; later ones take seconds"
+			echo ">> building kube-apiserver from Go modules into .bin/ — the first build takes about 12 minutes on 2 cores (more when other work shares them); later ones take seconds"
 		else
 			echo ">> building $name from Go modules ($pkg) into .bin/"
 		fi
