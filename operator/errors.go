@@ -107,6 +107,14 @@ func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
 	if cfg.Reading != nil {
 		cfg.Reading()
 	}
+	if cfg.Follow {
+		// One line, so that a quiet follower is seen to be connected.
+		from := "new ones"
+		if cfg.Since > 0 {
+			from = "those of the last " + cfg.Since.String() + ", then new ones"
+		}
+		fmt.Fprintf(cfg.Notes, "following error events on %s of stream %s: %s (Ctrl-C stops)\n", strings.Join(filters, ", "), stream, from)
+	}
 	printed := 0
 	for {
 		nctx, cancel := ctx, context.CancelFunc(func() {})

@@ -182,6 +182,9 @@ func TestTailErrorsIdleKeepsConsumer(t *testing.T) {
 	}()
 	defer func() { cancel(); <-done }()
 	<-reading
+	testenv.Wait(t, 5*time.Second, "the line saying it follows", func() (bool, string) {
+		return strings.Contains(notes.String(), "following error events on mat.errors.> of stream MAT_ERRORS: new ones"), notes.String()
+	})
 	time.Sleep(3 * consumerInactive)
 	if n, s := errorConsumers(t, bus); n != 1 {
 		t.Fatalf("after %v idle: %s, want the follower's one", 3*consumerInactive, s)
