@@ -56,6 +56,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	var f fleetOpts
 	var natsPort, sims, workers int
 	var natsHost, stateDir, sourceListAddr string
+	var verbose bool
 	var once, tls bool
 	var timeout, interval, poll, pollMax time.Duration
 	var pollMaxGiven bool
@@ -76,6 +77,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	durationVar(fs, &poll, "poll-interval", time.Second, "how often every instance's status is polled (cheap when unchanged)")
 	givenDurationVar(fs, &pollMax, &pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
 	fs.BoolVar(&tls, "tls", true, "simulators serve HTTPS with self-signed certificates (as MAT does)")
+	fs.BoolVar(&verbose, "v", false, "show the process logs (every component's log lines) on stderr instead of writing them to a file")
 	fs.StringVar(&stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one, removed on exit; those of killed runs are removed at the next start)")
 	fs.StringVar(&sourceListAddr, "source-list-addr", "127.0.0.1:0", "address of the sources API (GET /v1/sources, as `discovery` serves it; port 0 picks a free one); empty disables")
 	// dev's own defaults differ from the worker's.
@@ -132,12 +134,20 @@ func runDev(ctx context.Context, args []string, e env) error {
 		}
 		fleets = append(fleets, fleet)
 	}
-	log, err := l.logger(e.stderr)
+	// Services, error events and status lines are printed from several goroutines.
+	out := &syncWriter{w: e.stdout}
+	logTo, logPath, closeLog, err := devLogFile(verbose, e.stderr)
 	if err != nil {
 		return err
 	}
-	// Services, error events and status lines are printed from several goroutines.
-	out := &syncWriter{w: e.stdout}
+	defer closeLog()
+	log, err := l.logger(logTo)
+	if err != nil {
+		return err
+	}
+	if logPath != "" {
+		fmt.Fprintf(out, "Process logs             %s   (-v shows them here instead)\n", logPath)
+	}
 	start := time.Now()
 	// TLS is verified as in production: the simulators' self-signed
 	// certificates are trusted as they start (besides the system roots and
@@ -431,6 +441,29 @@ func writeSummary(out io.Writer, s devSummary, code int) error {
 
 // nthSubnet returns the i-th block of base's size after base (a /20 base
 // gives 10.96.64.0/20, 10.96.80.0/20, ...).
+// devLogFile returns where dev's process logs go: stderr when verbose,
+// else a new file in the temporary folder, which is kept after the run
+// (its path is returned, to be printed) so that a failed run can be read;
+// closeFn removes it when nothing was logged.
+// The output stays for what dev prints itself: each Service change and
+// each error event, once.
+func devLogFile(verbose bool, stderr io.Writer) (w io.Writer, path string, closeFn func(), err error) {
+	if verbose {
+		return stderr, "", func() {}, nil
+	}
+	f, err := os.CreateTemp("", "matbus-dev-*.log")
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("process log file (or run with -v): %w", err)
+	}
+	return f, f.Name(), func() {
+		// A run that logged nothing (e.g. a refused flag) leaves no file.
+		if fi, err := f.Stat(); err == nil && fi.Size() == 0 {
+			_ = os.Remove(f.Name())
+		}
+		_ = f.Close()
+	}, nil
+}
+
 // notDevFlags are flags of the commands that join an operator's NATS
 // server, which dev (running its own) refuses instead of ignoring.
 var notDevFlags = []string{"nats-url", "nats-creds", "nats-tls-ca", "nats-tls-cert", "nats-tls-key", "stream-replicas"}
