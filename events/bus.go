@@ -55,6 +55,13 @@ type Config struct {
 	// DNS label (see Key). Empty means every namespace: fine for readers
 	// such as `matbus errors`, and for a single pipeline on the prefix.
 	Namespace string
+	// KeepStreams has EnsureStreams create the streams that are missing
+	// and leave existing ones as they are, whatever their settings: the
+	// workers' mode. The discovery publisher keeps the layout (replicas,
+	// limits), and a worker's NATS identity may not update a stream, since
+	// an update could map a subject the worker may publish onto instance
+	// events or sync jobs (docs/adr/0025-nats-identities.md).
+	KeepStreams bool
 }
 
 func (c Config) withDefaults() Config {
@@ -231,9 +238,10 @@ func (b *Bus) StreamConfigs() []jetstream.StreamConfig {
 
 // EnsureStreams creates every stream that is missing and updates those
 // whose settings differ from StreamConfigs, including their replica count
-// (JetStream adds or removes replicas, and the consumers' with them). A
-// stream already as wanted is left untouched, so many processes may call
-// it at once. When NATS refuses the replica count of a new stream the
+// (JetStream adds or removes replicas, and the consumers' with them);
+// with Config.KeepStreams it only creates the missing ones. A stream
+// already as wanted is left untouched, so many processes may call it at
+// once. When NATS refuses the replica count of a new stream the
 // error wraps ErrReplicas and says why in words; when it refuses to change
 // an existing stream's count, the stream keeps the count it has (its other
 // settings are still updated), the refusal is logged at error level once
@@ -262,6 +270,9 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 	}
 	if err != nil {
 		return fmt.Errorf("events: look up stream %s: %w", want.Name, err)
+	}
+	if b.cfg.KeepStreams {
+		return nil // the discovery publisher updates it
 	}
 	have := s.CachedInfo().Config
 	if have.Storage != want.Storage {

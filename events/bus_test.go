@@ -260,6 +260,57 @@ func TestEnsureStreamsKeepsStorage(t *testing.T) {
 	}
 }
 
+// TestKeepStreamsCreatesButNeverUpdates: a bus with KeepStreams (a
+// worker's) creates the streams that are missing with its settings and
+// leaves existing ones as they are, even when their settings differ; a bus
+// without it (discovery's) updates them.
+func TestKeepStreamsCreatesButNeverUpdates(t *testing.T) {
+	nc := testenv.NATS(t)
+	ctx := context.Background()
+	keep, err := New(nc, Config{Memory: true, KeepStreams: true, ErrorMaxAge: time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := keep.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	errorsAge := func() time.Duration {
+		s, err := keep.JS.Stream(ctx, keep.StreamName("ERRORS"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Config.MaxAge
+	}
+	for _, cfg := range keep.StreamConfigs() {
+		if _, err := keep.JS.Stream(ctx, cfg.Name); err != nil {
+			t.Errorf("stream %s not created: %v", cfg.Name, err)
+		}
+	}
+	if got := errorsAge(); got != time.Hour {
+		t.Fatalf("created error stream max age %v, want 1h", got)
+	}
+	other, err := New(nc, Config{Memory: true, KeepStreams: true, ErrorMaxAge: 2 * time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := errorsAge(); got != time.Hour {
+		t.Errorf("a KeepStreams bus changed the error stream's max age to %v", got)
+	}
+	owner, err := New(nc, Config{Memory: true, ErrorMaxAge: 2 * time.Hour}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := owner.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := errorsAge(); got != 2*time.Hour {
+		t.Errorf("the discovery's bus left the error stream's max age at %v, want 2h", got)
+	}
+}
+
 // TestLastInstanceSharesFreshReads: concurrent LastInstance calls of one
 // key share STREAM.MSG.GET requests, and every call still returns a record
 // at least as new as the last one published before the call was made.

@@ -65,7 +65,7 @@ func (o *natsOpts) registerTLS(fs *flag.FlagSet) {
 // streams (worker, discovery).
 func (o *natsOpts) registerReplicas(fs *flag.FlagSet) {
 	o.withReplicas = true
-	fs.IntVar(&o.replicas, "stream-replicas", 1, fmt.Sprintf("replicas of every matbus stream, 1 to %d; more than 1 needs a JetStream cluster of at least that many servers; existing streams are changed to it (give every worker and discovery the same value)", events.MaxReplicas))
+	fs.IntVar(&o.replicas, "stream-replicas", 1, fmt.Sprintf("replicas of every matbus stream, 1 to %d; more than 1 needs a JetStream cluster of at least that many servers; discovery changes existing streams to it, a worker only creates missing ones with it (give every worker and discovery the same value)", events.MaxReplicas))
 }
 
 func (o *natsOpts) validate() error {
@@ -190,11 +190,15 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 }
 
 // bus returns the events.Bus of the pipeline in o.namespace; w (may be
-// nil) sets the job consumers' AckWait and MaxDeliver and the namespace.
+// nil: discovery, errors) sets the job consumers' AckWait and MaxDeliver,
+// the namespace and KeepStreams.
 func (o *natsOpts) bus(nc *nats.Conn, source string, log *slog.Logger, w *workerOpts) (*events.Bus, error) {
 	cfg := events.Config{Prefix: o.prefix, Source: source, Memory: o.memory, Namespace: o.namespace, Replicas: o.replicas}
 	if w != nil {
 		cfg.AckWait, cfg.MaxDeliver, cfg.Namespace = w.ackWait, w.maxDeliver, w.namespace
+		// A worker creates a missing stream but never updates one: the
+		// discovery publisher keeps the layout (events.Config.KeepStreams).
+		cfg.KeepStreams = true
 	}
 	return events.New(nc, cfg, log)
 }
