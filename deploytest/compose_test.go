@@ -488,14 +488,27 @@ func TestComposeWiring(t *testing.T) {
 		t.Errorf("static list covers %v, want every simulator %v", seen, sims)
 	}
 
-	// NATS URL of every matbus service.
+	// NATS: the shipped configuration, and every matbus service with the
+	// user of its part and the password nats-server reads.
+	n := service(t, p, "nats")
+	if conf := mustFlag(t, "nats", n.Command, "config"); hostPath(t, n, filepath.Dir(conf)) != filepath.Join(root, "deploy", "nats") ||
+		filepath.Base(conf) != "nats-server.conf" {
+		t.Errorf("nats runs with -c %s, want deploy/nats/nats-server.conf mounted as it is", conf)
+	}
+	users := map[string]string{"discovery": "discovery", "worker": "worker", "errors": "reader"}
 	for _, s := range p.Services {
 		if !isMatbus(p, s) || s.Command[0] == "matsim" || s.Name == "matbus-image" {
 			continue
 		}
+		user, ok := users[s.Name]
+		if !ok {
+			t.Errorf("%s: which NATS user it runs as is not known to this test", s.Name)
+			continue
+		}
+		pw := n.Environment["MATBUS_"+strings.ToUpper(user)+"_PASSWORD"]
 		v := s.Environment["MATBUS_NATS_URL"]
-		if v == nil || *v != "nats://nats:4222" {
-			t.Errorf("%s: MATBUS_NATS_URL %v, want nats://nats:4222", s.Name, v)
+		if pw == nil || *pw == "" || v == nil || *v != "nats://"+user+":"+*pw+"@nats:4222" {
+			t.Errorf("%s: MATBUS_NATS_URL %v, want nats://%s:<nats's MATBUS_%s_PASSWORD>@nats:4222", s.Name, v, user, strings.ToUpper(user))
 		}
 	}
 
@@ -752,7 +765,13 @@ func TestComposeUpWithoutDocker(t *testing.T) {
 	natsSvc := service(t, p, "nats")
 	natsPort, monPort := freePort(t), freePort(t)
 	natsArgs := append(localize(t, natsSvc, natsSvc.Command, map[string]string{"8222": monPort}), "-a", "127.0.0.1", "-p", natsPort)
-	startProcess(t, "nats-server", natsServer(t), natsArgs, nil)
+	var natsEnv []string // the passwords its configuration reads
+	for k, v := range natsSvc.Environment {
+		if v != nil {
+			natsEnv = append(natsEnv, k+"="+*v)
+		}
+	}
+	natsProc := startProcess(t, "nats-server", natsServer(t), natsArgs, natsEnv)
 	hc := natsSvc.HealthCheck.Test
 	health := strings.Replace(hc[len(hc)-1], "127.0.0.1:8222", "127.0.0.1:"+monPort, 1)
 	waitFor(t, ctx, "the nats healthcheck "+health, func() bool {
@@ -842,6 +861,9 @@ func TestComposeUpWithoutDocker(t *testing.T) {
 		if strings.Contains(string(l.Bytes()), "level=ERROR") {
 			t.Errorf("%s logged an error:\n%s", id, lastLines(l.Bytes(), 10))
 		}
+	}
+	if n := strings.Count(string(natsProc.Bytes()), "Violation"); n > 0 {
+		t.Errorf("nats-server logged %d permission violations:\n%s", n, lastLines(natsProc.Bytes(), 20))
 	}
 	w := service(t, p, "worker")
 	t.Logf("converged: %d BMC Services from 2 simulators, %d workers", got, w.GetScale())

@@ -26,7 +26,7 @@ type natsCluster struct {
 
 // startNATSCluster starts n nodes named n1…nN in dir/<name> and waits
 // until each answers JetStream requests (the cluster has a meta leader).
-func startNATSCluster(t *testing.T, dir string, n int) *natsCluster {
+func startNATSCluster(t *testing.T, dir string, n int, auth natsAuth) *natsCluster {
 	t.Helper()
 	c := &natsCluster{t: t}
 	routePorts := make([]int, n)
@@ -42,7 +42,7 @@ func startNATSCluster(t *testing.T, dir string, n int) *natsCluster {
 			t.Fatal(err)
 		}
 		c.nodes = append(c.nodes, &natsProc{t: t, dir: d, store: filepath.Join(d, "jetstream"), port: freePort(t),
-			server: name, monitor: freePort(t), extra: []string{"--cluster_name", "faulttest",
+			server: name, monitor: freePort(t), auth: auth, extra: []string{"--cluster_name", "faulttest",
 				"--cluster", "nats://127.0.0.1:" + strconv.Itoa(routePorts[i]), "--routes", strings.Join(routes, ",")}})
 	}
 	for _, node := range c.nodes {

@@ -150,13 +150,20 @@ type proc struct {
 // startProc starts bin with args; output goes to dir/<name>.log.
 func startProc(t *testing.T, dir, name, bin string, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, dir, name, bin, nil, args...)
+}
+
+// startProcEnv is startProc with env ("NAME=value") added to the
+// process's environment.
+func startProcEnv(t *testing.T, dir, name, bin string, env []string, args ...string) *proc {
+	t.Helper()
 	l, err := newLineLog(filepath.Join(dir, name+".log"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = l, l
-	cmd.Env = append(os.Environ(), "GOTRACEBACK=all")
+	cmd.Env = append(append(os.Environ(), "GOTRACEBACK=all"), env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -292,11 +299,23 @@ type natsProc struct {
 	server  string
 	extra   []string
 	monitor int
+	// auth is the server's configuration file and environment, and how
+	// the test connects (zero: no file, no authentication).
+	auth natsAuth
 }
 
-func startNATS(t *testing.T, dir string) *natsProc {
+// natsAuth is a nats-server configuration file (its flags on the command
+// line override its listen address, store and name), the environment it
+// reads (passwords), and the connect options of the test's own connection.
+type natsAuth struct {
+	conf string
+	env  []string
+	opts []nats.Option
+}
+
+func startNATS(t *testing.T, dir string, auth natsAuth) *natsProc {
 	t.Helper()
-	n := &natsProc{t: t, dir: dir, store: filepath.Join(dir, "jetstream"), port: freePort(t)}
+	n := &natsProc{t: t, dir: dir, store: filepath.Join(dir, "jetstream"), port: freePort(t), auth: auth}
 	n.Start()
 	return n
 }
@@ -322,10 +341,16 @@ func (n *natsProc) launch() {
 		log = "nats-" + name
 	}
 	args := []string{"-js", "-sd", n.store, "-a", "127.0.0.1", "-p", strconv.Itoa(n.port), "--server_name", name}
+	if n.auth.conf != "" {
+		if n.monitor == 0 {
+			n.monitor = freePort(n.t) // not the file's port: tests run side by side
+		}
+		args = append([]string{"-c", n.auth.conf}, args...)
+	}
 	if n.monitor != 0 {
 		args = append(args, "-m", strconv.Itoa(n.monitor))
 	}
-	n.p = startProc(n.t, n.dir, fmt.Sprintf("%s-%d", log, n.n), natsBin, append(args, n.extra...)...)
+	n.p = startProcEnv(n.t, n.dir, fmt.Sprintf("%s-%d", log, n.n), natsBin, n.auth.env, append(args, n.extra...)...)
 }
 
 // waitJetStream waits up to timeout until the server answers JetStream
@@ -334,7 +359,7 @@ func (n *natsProc) waitJetStream(timeout time.Duration) {
 	n.t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		nc, err := nats.Connect(n.URL(), nats.Timeout(time.Second))
+		nc, err := nats.Connect(n.URL(), append([]nats.Option{nats.Timeout(time.Second)}, n.auth.opts...)...)
 		if err == nil {
 			js, jerr := jetstream.New(nc)
 			if jerr == nil {

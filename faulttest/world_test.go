@@ -54,10 +54,13 @@ type world struct {
 	// have replicas replicas (newClusterWorld).
 	cluster  *natsCluster
 	replicas int
-	nc       *nats.Conn
-	bus      *events.Bus
-	errs     *errSink
-	log      *slog.Logger
+	// idents are the NATS identities of the matbus processes by role
+	// ("discovery", "worker", "reader"); none: no authentication.
+	idents map[string]natsIdent
+	nc     *nats.Conn
+	bus    *events.Bus
+	errs   *errSink
+	log    *slog.Logger
 
 	mu    sync.Mutex
 	stops []func()
@@ -67,23 +70,25 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	return newWorldOn(t, 0)
+	return newWorldOn(t, 0, natsAuth{}, nil)
 }
 
 // newClusterWorld is newWorld on a JetStream cluster of n nats-server
 // processes, every stream with n replicas.
 func newClusterWorld(t *testing.T, n int) *world {
 	t.Helper()
-	return newWorldOn(t, n)
+	return newWorldOn(t, n, natsAuth{}, nil)
 }
 
-// newWorldOn starts a world on one nats-server (nodes 0) or a cluster.
-func newWorldOn(t *testing.T, nodes int) *world {
+// newWorldOn starts a world on one nats-server (nodes 0) or a cluster,
+// started with auth's configuration file; the matbus processes connect with
+// idents (by role), the test's own connection with auth.opts.
+func newWorldOn(t *testing.T, nodes int, auth natsAuth, idents map[string]natsIdent) *world {
 	t.Helper()
 	requireSetup(t)
 	leak := append(testenv.LeakOptions(), goleak.IgnoreCurrent())
 	ctx, cancel := context.WithCancel(context.Background())
-	w := &world{t: t, ctx: ctx, dir: t.TempDir(), ns: testenv.Namespace("f", t.Name())}
+	w := &world{t: t, ctx: ctx, dir: t.TempDir(), ns: testenv.Namespace("f", t.Name()), idents: idents}
 	var out io.Writer = io.Discard
 	if os.Getenv("MATBUS_TEST_LOG") != "" {
 		out = os.Stderr
@@ -121,13 +126,13 @@ func newWorldOn(t *testing.T, nodes int) *world {
 		goleak.VerifyNone(t, leak...)
 	})
 	if nodes > 0 {
-		w.cluster, w.replicas = startNATSCluster(t, w.dir, nodes), nodes
+		w.cluster, w.replicas = startNATSCluster(t, w.dir, nodes, auth), nodes
 	} else {
-		w.nats = startNATS(t, w.dir)
+		w.nats = startNATS(t, w.dir, auth)
 	}
 	var err error
-	w.nc, err = nats.Connect(w.natsURL(), nats.Name("faulttest"), nats.MaxReconnects(-1),
-		nats.ReconnectWait(100*time.Millisecond), nats.RetryOnFailedConnect(true))
+	w.nc, err = nats.Connect(w.natsURL(), append([]nats.Option{nats.Name("faulttest"), nats.MaxReconnects(-1),
+		nats.ReconnectWait(100 * time.Millisecond), nats.RetryOnFailedConnect(true)}, auth.opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,10 +159,30 @@ func (w *world) natsURL() string {
 	return w.nats.URL()
 }
 
-// natsArgs are the NATS flags of every matbus process of the world.
-func (w *world) natsArgs() []string {
-	args := []string{"--nats-url", w.natsURL()}
-	if w.replicas > 1 {
+// natsIdent is a NATS identity: a user and password (given in the URL) or
+// a credentials file (--nats-creds).
+type natsIdent struct {
+	user, password, creds string
+}
+
+// natsArgsAs are the NATS flags of a matbus process of role ("worker",
+// "discovery", "reader"): the world's URL(s) and stream replicas, with the
+// role's identity if the world has one.
+func (w *world) natsArgsAs(role string) []string {
+	url := w.natsURL()
+	id, ok := w.idents[role]
+	if ok && id.user != "" {
+		var urls []string
+		for _, u := range strings.Split(url, ",") {
+			urls = append(urls, strings.Replace(u, "nats://", "nats://"+id.user+":"+id.password+"@", 1))
+		}
+		url = strings.Join(urls, ",")
+	}
+	args := []string{"--nats-url", url}
+	if ok && id.creds != "" {
+		args = append(args, "--nats-creds", id.creds)
+	}
+	if w.replicas > 1 && role != "reader" { // status and errors take no --stream-replicas
 		args = append(args, "--stream-replicas", strconv.Itoa(w.replicas))
 	}
 	return args
@@ -227,7 +252,7 @@ func (w *world) workerArgs(name, health string) []string {
 		"--service-cidr", cluster.ServiceCIDR, "--error-window", errorWindow.String(),
 		"--kube-qps", "200", "--kube-burst", "400", "--mat-timeout", "5s",
 		"--enable-state-annotations", // power state changes are the updates some tests wait for
-	}, w.natsArgs()...)
+	}, w.natsArgsAs("worker")...)
 }
 
 // startWorker starts a `matbus worker` process and waits until it is ready.
@@ -273,7 +298,7 @@ func (w *world) startDiscovery(ident string, extra ...string) *proc {
 		"--sync-interval", syncInterval.String(), "--leader-elect",
 		"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "500ms",
 		"--source-list-addr", "", // several discovery processes share this host
-	}, w.natsArgs()...)
+	}, w.natsArgsAs("discovery")...)
 	p := startProc(w.t, w.dir, ident, matbusBin, append(args, extra...)...)
 	p.health = health
 	w.addProc(p)
