@@ -59,7 +59,7 @@ func TestChartRendersExpectedObjects(t *testing.T) {
 		"all-features": {"ConfigMap/matbus-dashboard", "Deployment/matbus-discovery", "Deployment/matbus-worker", "NetworkPolicy/matbus",
 			"Pod/matbus-test-readiness", "PodDisruptionBudget/matbus-discovery",
 			"PodDisruptionBudget/matbus-worker", "PrometheusRule/matbus", "Role/matbus", "RoleBinding/matbus", "ScaledObject/matbus-worker",
-			"Secret/matbus-nats", "Service/matbus-metrics", "ServiceAccount/matbus", "ServiceMonitor/matbus"},
+			"Secret/matbus-nats", "Secret/matbus-nats-discovery", "Secret/matbus-nats-worker", "Service/matbus-metrics", "ServiceAccount/matbus", "ServiceMonitor/matbus"},
 		"hpa": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "HorizontalPodAutoscaler/matbus-worker",
 			"Pod/matbus-test-readiness", "PodDisruptionBudget/matbus-discovery",
 			"Role/matbus", "RoleBinding/matbus", "Service/matbus-metrics", "ServiceAccount/matbus"},
@@ -567,6 +567,76 @@ func TestChartNATSClusterAndTLS(t *testing.T) {
 			}
 			if found != (tc.tls != nil) {
 				t.Errorf("%s %s: nats-tls volume present=%v, want %v", tc.name, dep, found, tc.tls != nil)
+			}
+		}
+	}
+}
+
+// TestChartNATSIdentityPerPart: nats.discovery and nats.worker give each
+// Deployment its own NATS identity (the users of deploy/nats/): a URL or
+// credentials in a Secret of the part's own, or an existing Secret; a part
+// without them keeps the shared nats.url / nats.credentials.
+func TestChartNATSIdentityPerPart(t *testing.T) {
+	type ident struct {
+		secret, url string // Secret of MATBUS_NATS_URL; its url value when rendered ("" when not)
+		creds       string // Secret mounted for MATBUS_NATS_CREDS; "" for none
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want map[string]ident // by part
+	}{
+		{"shared", nil, map[string]ident{
+			"discovery": {"matbus-nats", "nats://nats:4222", ""}, "worker": {"matbus-nats", "nats://nats:4222", ""}}},
+		{"a URL per part", []string{"--set", "nats.discovery.url=nats://discovery:pw-d@nats:4222,nats.worker.url=nats://worker:pw-w@nats:4222"},
+			map[string]ident{"discovery": {"matbus-nats-discovery", "nats://discovery:pw-d@nats:4222", ""},
+				"worker": {"matbus-nats-worker", "nats://worker:pw-w@nats:4222", ""}}},
+		{"worker creds, discovery shared", []string{"--set", "nats.url=nats://n:4222,nats.worker.credentials=JWT"},
+			map[string]ident{"discovery": {"matbus-nats", "nats://n:4222", ""}, "worker": {"matbus-nats-worker", "nats://n:4222", "matbus-nats-worker"}}},
+		{"existing Secrets", []string{"--set", "nats.credentials=SHARED,nats.worker.existingSecret=w,nats.worker.existingSecretHasCredentials=true,nats.discovery.existingSecret=d"},
+			map[string]ident{"discovery": {"d", "", ""}, "worker": {"w", "", "w"}}},
+	} {
+		objs := render(t, "matbus", tc.args...)
+		for part, want := range tc.want {
+			d := find(t, objs, "Deployment", "-"+part)
+			c := container(t, d)
+			var urlSecret string
+			creds := false
+			for _, e := range c.env {
+				switch e["name"] {
+				case "MATBUS_NATS_URL":
+					urlSecret, _, _ = unstructured.NestedString(e, "valueFrom", "secretKeyRef", "name")
+				case "MATBUS_NATS_CREDS":
+					creds = true
+				}
+			}
+			if urlSecret != want.secret {
+				t.Errorf("%s: %s takes MATBUS_NATS_URL from Secret %q, want %q", tc.name, part, urlSecret, want.secret)
+			}
+			vols, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "volumes")
+			mounted := ""
+			for _, v := range vols {
+				if vm := v.(map[string]any); vm["name"] == "nats-credentials" {
+					mounted, _, _ = unstructured.NestedString(vm, "secret", "secretName")
+				}
+			}
+			if mounted != want.creds || creds != (want.creds != "") {
+				t.Errorf("%s: %s mounts credentials from %q (MATBUS_NATS_CREDS %v), want %q", tc.name, part, mounted, creds, want.creds)
+			}
+			var rendered *unstructured.Unstructured
+			for _, o := range objs {
+				if o.GetKind() == "Secret" && o.GetName() == want.secret {
+					rendered = o
+				}
+			}
+			if (rendered != nil) != (want.url != "") {
+				t.Errorf("%s: Secret %s rendered %v, want %v", tc.name, want.secret, rendered != nil, want.url != "")
+				continue
+			}
+			if rendered != nil {
+				if u, _, _ := unstructured.NestedString(rendered.Object, "stringData", "url"); u != want.url {
+					t.Errorf("%s: Secret %s url %q, want %q", tc.name, want.secret, u, want.url)
+				}
 			}
 		}
 	}

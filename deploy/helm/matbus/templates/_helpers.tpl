@@ -63,6 +63,44 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.nats.existingSecret }}{{ if .Values.nats.existingSecretHasCredentials }}true{{ end }}{{ else if .Values.nats.credentials }}true{{ end }}
 {{- end }}
 
+{{/*
+The NATS identity of a part ("discovery" or "worker"), called with
+(dict "root" $ "part" "worker"): its own Secret when nats.<part> sets a URL,
+credentials or an existing Secret (the users of deploy/nats/), else the
+shared one of nats.url / nats.credentials / nats.existingSecret.
+*/}}
+{{- define "matbus.natsOwn" -}}
+{{- $p := index .root.Values.nats .part -}}
+{{- if or $p.url $p.credentials $p.existingSecret }}true{{ end }}
+{{- end }}
+
+{{- define "matbus.natsSecretNameOf" -}}
+{{- $p := index .root.Values.nats .part -}}
+{{- if $p.existingSecret }}{{ $p.existingSecret }}
+{{- else if include "matbus.natsOwn" . }}{{ printf "%s-nats-%s" (include "matbus.fullname" .root) .part }}
+{{- else }}{{ include "matbus.natsSecretName" .root }}{{ end }}
+{{- end }}
+
+{{- define "matbus.natsHasCredentialsOf" -}}
+{{- $p := index .root.Values.nats .part -}}
+{{- if $p.existingSecret }}{{ if $p.existingSecretHasCredentials }}true{{ end }}
+{{- else if include "matbus.natsOwn" . }}{{ if $p.credentials }}true{{ end }}
+{{- else }}{{ include "matbus.natsHasCredentials" .root }}{{ end }}
+{{- end }}
+
+{{/* NATS URL and credentials of a part, from its Secret; (dict "root" $ "part" "worker"). */}}
+{{- define "matbus.natsEnv" -}}
+- name: MATBUS_NATS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "matbus.natsSecretNameOf" . }}
+      key: {{ .root.Values.nats.urlKey }}
+{{- if include "matbus.natsHasCredentialsOf" . }}
+- name: MATBUS_NATS_CREDS
+  value: /etc/matbus/nats/{{ .root.Values.nats.credentialsKey }}
+{{- end }}
+{{- end }}
+
 {{/* Stream of the sync jobs, as events.Bus.StreamName("SYNC") names it. */}}
 {{- define "matbus.syncStream" -}}
 {{- printf "%s_SYNC" (.Values.nats.subjectPrefix | replace "." "_" | replace "-" "_" | upper) }}
@@ -76,17 +114,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
-{{/* Environment shared by both containers: NATS from the Secret, pod identity, common flags. */}}
+{{/* Environment shared by both containers: pod identity, NATS settings, common flags (the NATS identity is matbus.natsEnv). */}}
 {{- define "matbus.commonEnv" -}}
-- name: MATBUS_NATS_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "matbus.natsSecretName" . }}
-      key: {{ .Values.nats.urlKey }}
-{{- if include "matbus.natsHasCredentials" . }}
-- name: MATBUS_NATS_CREDS
-  value: /etc/matbus/nats/{{ .Values.nats.credentialsKey }}
-{{- end }}
 - name: POD_NAME
   valueFrom:
     fieldRef:
@@ -133,18 +162,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: {{ .Values.common.profiling | default false | quote }}
 {{- end }}
 
-{{/* Volumes and mounts of the NATS credentials and TLS files, when there are any. */}}
+{{/* Volumes and mounts of a part's NATS credentials and TLS files, when there are any; (dict "root" $ "part" "worker"). */}}
 {{- define "matbus.natsVolumes" -}}
-{{- if include "matbus.natsHasCredentials" . }}
+{{- if include "matbus.natsHasCredentialsOf" . }}
 - name: nats-credentials
   secret:
-    secretName: {{ include "matbus.natsSecretName" . }}
+    secretName: {{ include "matbus.natsSecretNameOf" . }}
     defaultMode: 0440
     items:
-      - key: {{ .Values.nats.credentialsKey }}
-        path: {{ .Values.nats.credentialsKey }}
+      - key: {{ .root.Values.nats.credentialsKey }}
+        path: {{ .root.Values.nats.credentialsKey }}
 {{- end }}
-{{- with .Values.nats.tls }}
+{{- with .root.Values.nats.tls }}
 {{- if .enabled }}
 - name: nats-tls
   secret:
@@ -166,12 +195,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
 {{- define "matbus.natsVolumeMounts" -}}
-{{- if include "matbus.natsHasCredentials" . }}
+{{- if include "matbus.natsHasCredentialsOf" . }}
 - name: nats-credentials
   mountPath: /etc/matbus/nats
   readOnly: true
 {{- end }}
-{{- if .Values.nats.tls.enabled }}
+{{- if .root.Values.nats.tls.enabled }}
 - name: nats-tls
   mountPath: /etc/matbus/nats-tls
   readOnly: true
