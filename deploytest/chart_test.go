@@ -182,6 +182,12 @@ func TestChartKEDAScalesOnSyncConsumer(t *testing.T) {
 				t.Errorf("trigger metadata %s is empty", k)
 			}
 		}
+		// By default the account of deploy/nats/, where the streams are.
+		for _, u := range natsUsers(t, "nats-server.conf") {
+			if md["account"] != u.Account.Name {
+				t.Errorf("trigger account %q, want %q of deploy/nats/accounts.conf", md["account"], u.Account.Name)
+			}
+		}
 		target, _, _ := unstructured.NestedString(so.Object, "spec", "scaleTargetRef", "name")
 		if dep := find(t, objs, "Deployment", "-worker"); target != dep.GetName() {
 			t.Errorf("ScaledObject scales %q, want the worker Deployment %q", target, dep.GetName())

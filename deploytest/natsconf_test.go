@@ -3,6 +3,7 @@ package deploytest
 import (
 	"maps"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -57,6 +58,32 @@ func TestNATSConfFiles(t *testing.T) {
 		if c == nil || !slices.Equal(c.Permissions.Publish.Allow, u.Permissions.Publish.Allow) ||
 			!slices.Equal(c.Permissions.Subscribe.Allow, u.Permissions.Subscribe.Allow) {
 			t.Errorf("user %s: the cluster file's permissions differ", name)
+		}
+	}
+}
+
+// TestNATSConfNeedsPasswords: nats-server refuses the files (-t, its
+// configuration check) while a password variable is not set, naming it,
+// and accepts them once all are.
+func TestNATSConfNeedsPasswords(t *testing.T) {
+	bin := natsServer(t)
+	all := []string{"MATBUS_DISCOVERY_PASSWORD=d", "MATBUS_WORKER_PASSWORD=w", "MATBUS_READER_PASSWORD=r", "NATS_SERVER_NAME=nats-0"}
+	for _, conf := range []string{"nats-server.conf", "nats-server-cluster.conf"} {
+		path := filepath.Join(root, "deploy", "nats", conf)
+		for i, kv := range all[:3] {
+			env := append(slices.Clone(all[:i]), all[i+1:]...)
+			cmd := exec.Command(bin, "-c", path, "-t")
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			name, _, _ := strings.Cut(kv, "=")
+			if err == nil || !strings.Contains(string(out), name) {
+				t.Errorf("%s without %s: %v\n%s", conf, name, err, out)
+			}
+		}
+		cmd := exec.Command(bin, "-c", path, "-t")
+		cmd.Env = all
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", conf, err, out)
 		}
 	}
 }
