@@ -136,14 +136,14 @@ func TestDecideHold(t *testing.T) {
 	dis := func(deletes int) Disappearance { return Disappearance{Existing: 10, Deletes: deletes} }
 	newDev := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "new"}, Spec: corev1.ServiceSpec{ClusterIP: all[0].Spec.ClusterIP}}
 	for _, tc := range []struct {
-		name     string
-		rule     HoldRule
-		h        *HoldState
-		p        Plan
-		dis      Disappearance
-		at       time.Time
-		mode     IPMode
-		action   HoldAction
+		name       string
+		rule       HoldRule
+		h          *HoldState
+		p          Plan
+		dis        Disappearance
+		at         time.Time
+		mode       IPMode
+		action     HoldAction
 		held, goes []string
 	}{
 		{name: "single delete goes", rule: rule, p: Plan{Delete: all[:1]}, dis: dis(1), at: t0,
