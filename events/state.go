@@ -14,7 +14,8 @@ import (
 // InstanceState is what the discovery leader knows of one instance's
 // scheduling, as it keeps it in the state bucket under
 // StateInstanceKey(Key) for `matbus status`. It is a view, never an
-// input: no component acts on it.
+// input: no component acts on it (the bucket's hold records, HoldRecord,
+// are the one input it holds).
 type InstanceState struct {
 	Key string `json:"key"`
 	// InRotation is false once FailedFetches consecutive status fetches
@@ -81,6 +82,124 @@ func StateLeaderKey(ns string) string {
 	return "leader." + ns
 }
 
+// HoldRecord is the state bucket's entry StateHoldKey(Key): the deletes
+// of one instance that a worker holds for a confirmation window because
+// its status lost many devices at once (see plan.HoldRule). Unlike the
+// other entries it is an input: every worker reads it before it deletes a
+// Service of the instance, so a hold is shared by all workers and outlives
+// any of them. The first worker creates it (KV Create: the first wins),
+// later ones update it under its revision; it is removed when nothing is
+// left to hold (the devices came back, their Services were deleted after
+// the window, or the instance is gone).
+type HoldRecord struct {
+	Key string `json:"key"`
+	// Reason is the plan.MassReason that started the hold (all, share,
+	// epoch); Detail says it for people.
+	Reason string `json:"reason"`
+	Detail string `json:"detail"`
+	// Epoch is the status's epoch_id when the hold started; PrevEpoch the
+	// one before it, when known.
+	Epoch     string `json:"epoch,omitempty"`
+	PrevEpoch string `json:"prev_epoch,omitempty"`
+	// Since is when the hold started (the fetch of the status that started
+	// it); Until when its window ends: deletes go ahead only if a status
+	// fetched at or after Until still lacks the devices.
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+	// Existing is how many Services the instance had when the hold started.
+	Existing int `json:"existing"`
+	// Held is how many Services are held; Services lists them (at most
+	// MaxHeldListed; Truncated when there are more, and then every delete
+	// of the instance is held).
+	Held      int           `json:"held"`
+	Services  []HeldService `json:"services"`
+	Truncated bool          `json:"truncated,omitempty"`
+	// Released is when a status fetched after Until still lacked the
+	// devices and their deletes went ahead; zero while the hold is in
+	// force.
+	Released time.Time `json:"released,omitzero"`
+	// Worker names the worker that wrote the entry, at Updated.
+	Worker  string    `json:"worker"`
+	Updated time.Time `json:"updated"`
+}
+
+// HeldService is one Service whose delete a HoldRecord holds.
+type HeldService struct {
+	Name  string `json:"name"`
+	UID   string `json:"uid"`
+	MatID string `json:"mat_id,omitempty"`
+}
+
+// MaxHeldListed is how many Services a HoldRecord lists at most, so that an
+// entry stays well below NATS's default max_payload (1 MB).
+const MaxHeldListed = 5000
+
+// InForce reports whether h holds deletes now (it is not released).
+func (h HoldRecord) InForce() bool { return h.Released.IsZero() }
+
+// StateHoldKey is the state bucket's key of the hold of instance key
+// ("hold.<namespace>.<name>").
+func StateHoldKey(key string) string { return "hold." + key }
+
+// StateHoldsIn matches the hold keys of namespace ns (every namespace when
+// ns is empty).
+func StateHoldsIn(ns string) string {
+	if ns == "" {
+		return "hold.>"
+	}
+	return "hold." + ns + ".*"
+}
+
+// StateKV returns the state bucket, bound as it is, or created (as by
+// EnsureState) when it does not exist yet: a worker may start before any
+// discovery leader.
+func (b *Bus) StateKV(ctx context.Context) (jetstream.KeyValue, error) {
+	kv, err := b.JS.KeyValue(ctx, b.StateBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return b.EnsureState(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
+	}
+	return kv, nil
+}
+
+// ReadHolds returns the hold records of namespace ns (every namespace when
+// ns is empty) by instance key. Entries that do not decode are skipped.
+// Errors: ErrNoState, or the bucket cannot be read.
+func (b *Bus) ReadHolds(ctx context.Context, ns string) (map[string]HoldRecord, error) {
+	kv, err := b.JS.KeyValue(ctx, b.StateBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, ErrNoState
+	}
+	if err != nil {
+		return nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
+	}
+	w, err := kv.WatchFiltered(ctx, []string{StateHoldsIn(ns)}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("events: read holds in %s: %w", b.StateBucket(), err)
+	}
+	defer func() { _ = w.Stop() }()
+	out := map[string]HoldRecord{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("events: read holds in %s: %w", b.StateBucket(), ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("events: read holds in %s: watcher stopped", b.StateBucket())
+			}
+			if e == nil {
+				return out, nil
+			}
+			var h HoldRecord
+			if json.Unmarshal(e.Value(), &h) == nil && StateHoldKey(h.Key) == e.Key() {
+				out[h.Key] = h
+			}
+		}
+	}
+}
+
 // EnsureState creates the state bucket, or updates it to one value per
 // key with the bus's replicas and storage (an existing bucket keeps its
 // storage, logged once), and returns it.
@@ -96,7 +215,7 @@ func (b *Bus) EnsureState(ctx context.Context) (jetstream.KeyValue, error) {
 		st = s.CachedInfo().Config.Storage
 	}
 	kv, err := b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.StateBucket(), History: 1,
-		Description: "matbus: the discovery leader's view of each instance, for matbus status", Replicas: b.cfg.Replicas, Storage: st})
+		Description: "matbus: the discovery leader's view of each instance, for matbus status, and the workers' delete holds", Replicas: b.cfg.Replicas, Storage: st})
 	if err != nil {
 		return nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
 	}

@@ -210,10 +210,14 @@ const (
 	// ErrorWatch: an informer's list or watch calls started failing (the
 	// process is not ready), or work again; one event for each.
 	ErrorWatch ErrorKind = "watch"
+	// ErrorHold: a worker holds an instance's deletes for a confirmation
+	// window (many devices vanished at once), lets them run after it, or
+	// (Resolved) the hold ended.
+	ErrorHold ErrorKind = "hold"
 )
 
 // ErrorKinds lists every ErrorKind.
-var ErrorKinds = []ErrorKind{ErrorDelete, ErrorFetch, ErrorCreate, ErrorUpdate, ErrorClose, ErrorEvent, ErrorDiscovery, ErrorPlan, ErrorWatch}
+var ErrorKinds = []ErrorKind{ErrorDelete, ErrorFetch, ErrorCreate, ErrorUpdate, ErrorClose, ErrorEvent, ErrorDiscovery, ErrorPlan, ErrorWatch, ErrorHold}
 
 // Error is the payload of an error event: one failure, with enough context
 // for an operator to find the instance, Service or message involved.

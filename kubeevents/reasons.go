@@ -25,6 +25,15 @@ const (
 	// NameCollision: a device's Service name is taken by another device's,
 	// another instance's or another tool's Service.
 	NameCollision Reason = "NameCollision"
+	// DeletesHeld: many devices vanished from the status at once; their
+	// Services' deletes are held for a confirmation window (worker).
+	DeletesHeld Reason = "DeletesHeld"
+	// DeletesReleased: the window of held deletes ended and the status
+	// still lacks the devices; their Services are deleted (worker).
+	DeletesReleased Reason = "DeletesReleased"
+	// HoldResolved: a hold of deletes ended: the devices came back, their
+	// Services were deleted after the window, or the instance is gone.
+	HoldResolved Reason = "HoldResolved"
 )
 
 // Reasons on a BMC Service (on the MAT Service when the BMC Service does
@@ -45,26 +54,28 @@ const (
 
 // Reasons lists every Reason.
 var Reasons = []Reason{FetchFailed, OutOfRotation, Recovered, InvalidDevices, DuplicateBMCIP, NameCollision,
-	CreateRefused, UpdateRefused, Recreated, Adopted}
+	DeletesHeld, DeletesReleased, HoldResolved, CreateRefused, UpdateRefused, Recreated, Adopted}
 
 // Type returns the Event type of r: corev1.EventTypeNormal for Recovered,
-// Recreated and Adopted, corev1.EventTypeWarning otherwise.
+// HoldResolved, Recreated and Adopted, corev1.EventTypeWarning otherwise.
 func (r Reason) Type() string {
 	switch r {
-	case Recovered, Recreated, Adopted:
+	case Recovered, HoldResolved, Recreated, Adopted:
 		return corev1.EventTypeNormal
 	}
 	return corev1.EventTypeWarning
 }
 
 // Action returns what matbus was doing when r happened: Fetch, Schedule,
-// Plan, Create, Update, Recreate or Adopt.
+// Plan, Delete, Create, Update, Recreate or Adopt.
 func (r Reason) Action() string {
 	switch r {
 	case FetchFailed:
 		return "Fetch"
 	case OutOfRotation, Recovered:
 		return "Schedule"
+	case DeletesHeld, DeletesReleased, HoldResolved:
+		return "Delete"
 	case CreateRefused:
 		return "Create"
 	case UpdateRefused:

@@ -56,6 +56,19 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 		log.Info("delete skipped: instance is present again")
 		return nil
 	case job.Reason != "gone" && present:
+		held, err := w.heldDelete(ctx, job)
+		if err != nil {
+			if ctx.Err() != nil {
+				return context.Canceled
+			}
+			log.Info("delete held: the instance's hold record cannot be read", "error", err)
+			return &jobError{Retry: true, Err: err}
+		}
+		if held {
+			w.kept.Add(1)
+			log.Info("delete skipped: held with the instance's other vanished devices until the hold's window ends", "mat_id", job.MatID)
+			return nil
+		}
 		set, err := w.currentDesired(ctx, rec.Instance, job.PlannedAt)
 		if err != nil {
 			if ctx.Err() != nil {

@@ -59,6 +59,8 @@ type memoEntry struct {
 	// deferred: the last plan left stale deletes unpublished until the
 	// instance's delete queue is empty.
 	deferred bool
+	// epoch is the epoch_id of the last status planned ("" when none).
+	epoch string
 }
 
 func newMemo() *memo {
@@ -308,6 +310,23 @@ func (m *memo) setOwner(key, name string, ref *metav1.OwnerReference) {
 	defer m.mu.Unlock()
 	e := m.entries[key]
 	e.owner, e.ownerName, e.ownerAt = ref, name, time.Now()
+	m.entries[key] = e
+}
+
+// epoch returns the epoch_id of the last status of key this worker
+// planned, "" when it planned none.
+func (m *memo) epoch(key string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.entries[key].epoch
+}
+
+// setEpoch records the epoch_id of the status of key being planned.
+func (m *memo) setEpoch(key, epoch string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[key]
+	e.epoch = epoch
 	m.entries[key] = e
 }
 

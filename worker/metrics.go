@@ -26,6 +26,9 @@ type Metrics struct {
 	fetchFailures prometheus.Counter
 	lastSync      *prometheus.GaugeVec     // instance
 	jobDelay      *prometheus.HistogramVec // stage
+	held          *prometheus.GaugeVec     // instance
+	holdUntil     *prometheus.GaugeVec     // instance
+	holds         *prometheus.CounterVec   // reason
 }
 
 // NewMetrics creates the worker metrics and registers them with reg:
@@ -37,6 +40,12 @@ type Metrics struct {
 //	matbus_worker_mat_fetch_failures_total                 counter: sync jobs whose status fetch failed (nothing changed)
 //	matbus_worker_sync_job_delay_seconds{stage}            histogram: from a sync job's publication (its envelope time) to stage received (its handler starts) and fetch (its status request starts)
 //	matbus_instance_last_sync_success_timestamp_seconds{instance}  gauge: Unix time of the instance's last sync job that fetched its status and converged it (synced or unchanged); the series goes with the instance
+//	matbus_worker_held_deletes{instance}                  gauge: Services whose deletes a hold keeps back now (0 once released); the series goes with the hold record
+//	matbus_worker_delete_hold_until_timestamp_seconds{instance}  gauge: Unix time the hold of the instance's deletes ends, while its record exists (in force or released, until its deletes are done)
+//	matbus_worker_delete_holds_total{reason}               counter: holds this worker started, by reason (all, share, epoch)
+//
+// Every worker reports the hold gauges of every hold record of its
+// namespace (it watches them), so aggregate them with max by (instance).
 //
 // It returns an error when a name is already registered.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
@@ -56,8 +65,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		jobDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "matbus", Subsystem: "worker", Name: "sync_job_delay_seconds",
 			Help:    "Time from a sync job's publication to its handler's start (stage received) and to the start of its status fetch (stage fetch).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"stage"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "held_deletes",
+			Help: "Services of the instance whose deletes a hold keeps back now (many devices vanished at once); 0 once the window ended and they are being deleted."}, []string{"instance"}),
+		holdUntil: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "delete_hold_until_timestamp_seconds",
+			Help: "Unix time the confirmation window of the instance's held deletes ends, while the hold record exists."}, []string{"instance"}),
+		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: "delete_holds_total",
+			Help: "Holds of mass deletes this worker started, by reason (all, share, epoch)."}, []string{"reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.jobs, m.jobDuration, m.syncResults, m.fetchDuration, m.fetchFailures, m.lastSync, m.jobDelay} {
+	for _, c := range []prometheus.Collector{m.jobs, m.jobDuration, m.syncResults, m.fetchDuration, m.fetchFailures, m.lastSync, m.jobDelay,
+		m.held, m.holdUntil, m.holds} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -127,5 +143,33 @@ func (m *Metrics) syncResult(key, outcome string, at time.Time) {
 func (m *Metrics) forget(key string) {
 	if m != nil {
 		m.lastSync.DeleteLabelValues(key)
+	}
+}
+
+// holdSeen records hold record r.
+func (m *Metrics) holdSeen(r events.HoldRecord) {
+	if m == nil {
+		return
+	}
+	n := r.Held
+	if !r.InForce() {
+		n = 0
+	}
+	m.held.WithLabelValues(r.Key).Set(float64(n))
+	m.holdUntil.WithLabelValues(r.Key).Set(float64(r.Until.UnixNano()) / 1e9)
+}
+
+// holdGone drops the hold series of instance key.
+func (m *Metrics) holdGone(key string) {
+	if m != nil {
+		m.held.DeleteLabelValues(key)
+		m.holdUntil.DeleteLabelValues(key)
+	}
+}
+
+// holdStarted counts a hold this worker started.
+func (m *Metrics) holdStarted(reason string) {
+	if m != nil {
+		m.holds.WithLabelValues(reason).Inc()
 	}
 }

@@ -174,7 +174,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 		w.cfg.Events.Instance(key, kubeevents.FetchFailed, fmt.Sprintf("status fetch failed, no Service changed: %v", err))
 		return events.SyncResult{Outcome: events.OutcomeFetchFailed, Transient: transient, Error: err.Error()}, nil
 	}
-	if st == nil && w.memo.unchanged(key, fp) && !w.deferredDeletesDue(ctx, key) {
+	if st == nil && w.memo.unchanged(key, fp) && !w.deferredDeletesDue(ctx, key) && !w.holdDue(key) {
 		w.unchanged.Add(1)
 		return events.SyncResult{Outcome: events.OutcomeUnchanged, NotModified: poll.NotModified}, nil
 	}
@@ -214,6 +214,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 		desired.ForeignIPs = w.foreignIPs(plan.LabelValue(key), existing)
 	}
 	p := plan.Diff(desired, existing, w.cfg.Plan)
+	p = w.holdDeletes(ctx, log, key, st, desired, existing, p, fetchedAt)
 	w.reportSkipped(ctx, key, p)
 	w.reportForeignRecreates(ctx, key, p)
 	w.waitForUnmet(key, desired.Services, p)
@@ -550,6 +551,7 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 		del = append(del, &svcs.Items[i])
 	}
 	w.log.Info("instance gone: deleting its Services", "instance", key, "services", len(del))
+	w.endHold(ctx, key, "the instance is gone; its Services are deleted")
 	suffix := ""
 	if jobID != "" {
 		suffix = "@" + jobID

@@ -64,6 +64,11 @@ type Config struct {
 	// Events records Kubernetes Events on the MAT and BMC Services
 	// (kubeevents.Start); nil records none.
 	Events *kubeevents.Recorder
+	// Hold is when the deletes of a status that takes many of an
+	// instance's Services away at once are held for a confirmation window
+	// (see plan.HoldRule); the zero value holds nothing (the CLI's
+	// defaults are plan.DefaultHoldShare and plan.DefaultHoldWindow).
+	Hold plan.HoldRule
 }
 
 func (c Config) withDefaults() Config {
@@ -141,6 +146,9 @@ type Worker struct {
 	// (Unix nanoseconds; 0: never).
 	pendingSwept atomic.Int64
 	fence        epochFence // the newest discovery leader epoch seen
+	holds        *holdView  // the hold records of the namespace (watchHolds)
+	kvMu         sync.Mutex
+	kv           jetstream.KeyValue // the state bucket, once bound (stateKV)
 
 	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }
@@ -154,6 +162,11 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	if cfg.Plan.Namespace == "" {
 		return nil, errors.New("worker: no target namespace")
 	}
+	if !cfg.Hold.Off() {
+		if err := cfg.Hold.Validate(); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+	}
 	if ns := bus.Config().Namespace; ns != cfg.Plan.Namespace {
 		return nil, fmt.Errorf("worker: the bus is for namespace %q, the worker for %q: a worker takes only its own namespace's jobs (set events.Config.Namespace)", ns, cfg.Plan.Namespace)
 	}
@@ -165,7 +178,7 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	}
 	w := &Worker{cfg: cfg, bus: bus, kube: kube, report: report, log: log,
 		applySlots: make(chan struct{}, cfg.Jobs), writes: make(chan struct{}, cfg.Concurrency),
-		memo: newMemo(), desired: newDesiredCache()}
+		memo: newMemo(), desired: newDesiredCache(), holds: newHoldView()}
 	w.cache = NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })
 	w.watch = kubewatch.New("services", report, log)
 	return w, nil
@@ -264,7 +277,8 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	w.learnEpoch(ctx)
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); w.watchHolds(ctx) }()
 	go func() { defer wg.Done(); w.runInstances(ctx) }()
 	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.SyncConsumer, w.cfg.Fetches, w.handleSync) }()
 	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.DeleteConsumer, w.cfg.DeleteJobs, w.handleDelete) }()

@@ -121,7 +121,8 @@ func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 	names := exportedNames(t)
 	for _, must := range []string{"go_goroutines", "process_cpu_seconds_total", "matbus_build_info", "matbus_worker_jobs_total",
 		"matbus_instance_last_sync_success_timestamp_seconds", "matbus_consumer_pending_messages", "matbus_discovery_leader",
-		"matbus_informer_healthy", "matbus_informer_failures_total"} {
+		"matbus_informer_healthy", "matbus_informer_failures_total", "matbus_worker_held_deletes",
+		"matbus_worker_delete_hold_until_timestamp_seconds", "matbus_worker_delete_holds_total"} {
 		if !names[must] {
 			t.Errorf("%s is not registered", must)
 		}
@@ -151,7 +152,7 @@ func TestAlertsAndDashboardUseExportedMetrics(t *testing.T) {
 	}
 	sort.Strings(alerts)
 	for _, want := range []string{"MatbusConsumerLagGrowing", "MatbusErrorEventsRising", "MatbusInstanceNotSynced",
-		"MatbusNoDiscoveryLeader", "MatbusWorkersNotReady", "MatbusInformerFailing"} {
+		"MatbusNoDiscoveryLeader", "MatbusWorkersNotReady", "MatbusInformerFailing", "MatbusDeletesHeld", "MatbusDeleteHoldOverdue"} {
 		if _, ok := setOf(alerts)[want]; !ok {
 			t.Errorf("alert %s missing; have %v", want, alerts)
 		}

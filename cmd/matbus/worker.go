@@ -37,6 +37,10 @@ type workerOpts struct {
 	instanceResync                                     time.Duration
 	jobs, fetches, deleteJobs, concurrency, maxDeliver int
 	errorWindow                                        time.Duration
+	// holdShare and holdWindow are the mass-disappearance rule
+	// (--delete-hold-share, --delete-hold-window).
+	holdShare  float64
+	holdWindow time.Duration
 	// matCAFile is --mat-ca-file: a PEM bundle of CAs MAT certificates are
 	// verified against, besides the system roots.
 	matCAFile string
@@ -70,6 +74,18 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.maxDeliver, "max-deliver", 5, "deliveries of one job before it becomes an error event")
 	durationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
 	fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
+	fs.Float64Var(&o.holdShare, "delete-hold-share", plan.DefaultHoldShare, "share of an instance's Services (0 < share <= 1) that one status must take away at once, at least 2 of them, "+
+		"for their deletes to be held for --delete-hold-window; a status that takes all of them, or comes with a new epoch_id and takes 2 or more, is held too")
+	offDurationVar(fs, &o.holdWindow, "delete-hold-window", plan.DefaultHoldWindow, holdWindowUsage)
+}
+
+const holdWindowUsage = "how long the deletes of a mass disappearance (see --delete-hold-share) wait before a status fetched after it confirms them; a device that comes back in time keeps its Service. " +
+	"A restarting MAT serves an empty inventory under a new epoch_id and then registers its machines one by one, which takes seconds to minutes for hundreds of them: " +
+	"the default covers that with a margin (the Kubernetes node lifecycle controller's eviction grace); 0 deletes at once (off)"
+
+// holdRule is the worker's plan.HoldRule.
+func (o *workerOpts) holdRule() plan.HoldRule {
+	return plan.HoldRule{Share: o.holdShare, Window: o.holdWindow}
 }
 
 // defaultMATBodyMaxAge is --mat-body-max-age's default: ten full resyncs
@@ -98,6 +114,9 @@ func (o *workerOpts) validate() error {
 	}
 	if len(sel) == 0 {
 		return fmt.Errorf("%w: --target-selector is empty: name the MAT pods' labels, key=value[,key=value] (the old controller's is %s)", errUsage, plan.DefaultTargetSelector)
+	}
+	if err := o.holdRule().Validate(); err != nil {
+		return fmt.Errorf("%w: --delete-hold-share, --delete-hold-window: %v", errUsage, err)
 	}
 	if errs := validation.IsValidLabelValue(o.managedBy); o.managedBy == "" || len(errs) > 0 {
 		return fmt.Errorf("%w: --managed-by %q is not a valid label value: %s", errUsage, o.managedBy, strings.Join(errs, "; "))
@@ -184,6 +203,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
 		Metrics:        o.metrics,
 		Events:         kev,
+		Hold:           o.holdRule(),
 	}, bus, kube, factory, rep, log)
 	return w, rep, err
 }
