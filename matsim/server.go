@@ -462,6 +462,27 @@ func (s *Server) SetFleet(f *Fleet) error {
 	return nil
 }
 
+// Restart makes the server answer as a MAT that restarted: a new epoch_id
+// (epochID; "" means now, in MAT's format), generation 1 and a copy of f as
+// its inventory (an empty Fleet for a MAT that has registered nothing
+// yet). Later SetFleet calls keep that epoch and bump the generation as
+// usual, as MAT does while it registers its machines.
+func (s *Server) Restart(epochID string, f *Fleet) error {
+	if err := f.Validate(); err != nil {
+		return fmt.Errorf("matsim: fleet: %w", err)
+	}
+	if epochID == "" {
+		epochID = time.Now().UTC().Format("2006-01-02T15:04:05.000000000Z")
+	}
+	c := f.Clone()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fleet, s.fixture = c, nil
+	s.epochID, s.generation, s.fingerprint = epochID, 1, fingerprint(c.Machines)
+	s.version++
+	return nil
+}
+
 // RemoveDevice removes the device with the given mat_id (a top-level device
 // with its DPUs, or one DPU). Errors: ErrUnknownDevice, ErrFixtureMode.
 func (s *Server) RemoveDevice(matID string) error {

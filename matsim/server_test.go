@@ -640,3 +640,35 @@ func TestStartAndClose(t *testing.T) {
 		}
 	})
 }
+
+// TestRestart: a restarted server answers under the new epoch with
+// generation 1 and the inventory it was given (empty first), and bumps the
+// generation as that inventory grows back.
+func TestRestart(t *testing.T) {
+	f := mustGenerate(t, FleetSpec{Hosts: 3, Seed: 5})
+	s, url := start(t, Options{Fleet: f, EpochID: "2026-08-21T19:04:05.000000001Z"})
+	c := client(t, url, matclient.Config{})
+	if err := s.SetFleet(&Fleet{InventoryID: f.InventoryID, Machines: f.Machines[:1]}); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(t, c); st.Generation != 2 {
+		t.Fatalf("generation %d before the restart, want 2", st.Generation)
+	}
+	if err := s.Restart("2026-08-21T20:00:00.000000002Z", &Fleet{InventoryID: f.InventoryID}); err != nil {
+		t.Fatal(err)
+	}
+	st := status(t, c)
+	if st.EpochID != "2026-08-21T20:00:00.000000002Z" || st.Generation != 1 || len(st.Machines) != 0 {
+		t.Errorf("after the restart: epoch %q generation %d, %d machines; want the new epoch, 1, none", st.EpochID, st.Generation, len(st.Machines))
+	}
+	if err := s.SetFleet(f); err != nil {
+		t.Fatal(err)
+	}
+	st = status(t, c)
+	if st.EpochID != "2026-08-21T20:00:00.000000002Z" || st.Generation != 2 || len(st.Machines) != 3 {
+		t.Errorf("registered again: epoch %q generation %d, %d machines", st.EpochID, st.Generation, len(st.Machines))
+	}
+	if err := s.Restart("", &Fleet{Machines: []matclient.Device{{}}}); err == nil {
+		t.Error("Restart with an invalid fleet: no error")
+	}
+}
