@@ -209,7 +209,9 @@ func (h *holdWorld) keptThrough(until time.Time, want int) {
 }
 
 // emptyFleet is the fleet's inventory with no machine registered.
-func (h *holdWorld) emptyFleet() *matsim.Fleet { return &matsim.Fleet{InventoryID: h.fleet.InventoryID} }
+func (h *holdWorld) emptyFleet() *matsim.Fleet {
+	return &matsim.Fleet{InventoryID: h.fleet.InventoryID}
+}
 
 // TestHoldMATRestart: a MAT that restarts serves an empty inventory under a
 // new epoch for 3 s, then the same devices again. The instance's 400
