@@ -137,6 +137,15 @@ const MaxHeldListed = 5000
 // InForce reports whether h holds deletes now (it is not released).
 func (h HoldRecord) InForce() bool { return h.Released.IsZero() }
 
+// UIDs returns the UIDs of the Services h lists.
+func (h HoldRecord) UIDs() []string {
+	out := make([]string, len(h.Services))
+	for i, s := range h.Services {
+		out[i] = s.UID
+	}
+	return out
+}
+
 // StateHoldKey is the state bucket's key of the hold of instance key
 // ("hold.<namespace>.<name>").
 func StateHoldKey(key string) string { return "hold." + key }

@@ -43,6 +43,15 @@ type PlanConfig struct {
 	NewClient func(url string) (StatusClient, error)
 	// Fetches is how many statuses are fetched at once; 0 or less means 8.
 	Fetches int
+	// Hold is the workers' hold rule (--delete-hold-share,
+	// --delete-hold-window): deletes it would hold are reported as held,
+	// not as changes.
+	Hold plan.HoldRule
+	// Holds are the hold records of the state bucket by instance key (the
+	// holds in force or released); nil when they could not be read, and
+	// then a hold in force is not known (HoldsErr says why).
+	Holds    map[string]events.HoldRecord
+	HoldsErr error
 }
 
 // Instances returns the instances src reports once it has synced: what
@@ -126,6 +135,7 @@ func Plan(ctx context.Context, cfg PlanConfig, insts []events.Instance) (*Report
 			d.ForeignIPs = idx.foreignIPs(plan.LabelValue(in.Key), existing)
 		}
 		p := plan.Diff(d, existing, cfg.Options)
+		p = ip.hold(cfg, in.Key, sts[i], d, existing, p)
 		ip.fill(d, p, idx.managedBy)
 		r.Instances = append(r.Instances, ip)
 	}
@@ -135,7 +145,39 @@ func Plan(ctx context.Context, cfg PlanConfig, insts []events.Instance) (*Report
 
 type fetched struct {
 	st  *matclient.Status
+	at  time.Time // when the fetch started
 	err error
+}
+
+// hold applies the workers' hold decision (plan.DecideHold) to the deletes
+// of p, with the instance's hold record when known: the deletes a worker
+// would hold now go to ip.HeldDeletes with ip.DeleteHold saying why, and
+// p keeps only those a worker would run. The instance's previous epoch is
+// not known here, so the epoch rule does not apply.
+func (ip *InstancePlan) hold(cfg PlanConfig, key string, f fetched, d plan.Desired, existing []*corev1.Service, p plan.Plan) plan.Plan {
+	var h *plan.HoldState
+	rec, ok := cfg.Holds[key]
+	if ok {
+		h = plan.NewHoldState(rec.Since, rec.Until, !rec.InForce(), rec.UIDs(), !rec.Truncated)
+	}
+	dis := plan.Disappearance{Existing: plan.Deletable(d, existing, cfg.Options), Deletes: len(p.Delete), Epoch: f.st.EpochID}
+	dec := plan.DecideHold(cfg.Hold, h, p, dis, f.at, cfg.Options.IPMode)
+	p.Delete = dec.Go
+	if len(dec.Held) == 0 {
+		return p
+	}
+	dh := &DeleteHold{Reason: string(dec.Reason), Detail: dec.Detail, Window: cfg.Hold.Window.String()}
+	if ok && rec.InForce() && dec.Action != plan.HoldStart {
+		dh.Reason, dh.Detail, dh.Since, dh.Until = rec.Reason, rec.Detail, rec.Since, rec.Until
+	}
+	if cfg.Holds == nil && cfg.HoldsErr != nil {
+		dh.Unknown = "hold records not read: " + cfg.HoldsErr.Error()
+	}
+	ip.DeleteHold = dh
+	for _, s := range dec.Held {
+		ip.HeldDeletes = append(ip.HeldDeletes, deleted(s))
+	}
+	return p
 }
 
 // fetchAll fetches each instance's status once, cfg.Fetches at a time.
@@ -159,6 +201,7 @@ func fetchAll(ctx context.Context, cfg PlanConfig, insts []events.Instance) []fe
 				return
 			}
 			defer func() { _ = c.Close() }()
+			out[i].at = time.Now()
 			st, err := c.Status(ctx)
 			if err != nil {
 				out[i].err = fmt.Errorf("%s: %w", in.URL, err)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -72,6 +73,12 @@ type InstancePlan struct {
 	Skipped []Skipped `json:"skipped,omitempty"`
 	// Held are the devices that get no Service (plan.Hold).
 	Held []Held `json:"held,omitempty"`
+	// HeldDeletes are the Services of this instance whose deletes a worker
+	// holds now (many devices vanished at once); DeleteHold says why and
+	// until when. They are not changes: they run only if a status fetched
+	// after the hold's window still lacks their devices.
+	HeldDeletes []Deleted   `json:"held_deletes,omitempty"`
+	DeleteHold  *DeleteHold `json:"delete_hold,omitempty"`
 
 	// Plan is plan.Diff's answer, nil when nothing was planned.
 	Plan *plan.Plan `json:"-"`
@@ -117,6 +124,23 @@ type FieldChange struct {
 	// as "TCP 443->1266", IP lists and owner references comma separated.
 	Old string `json:"old,omitempty"`
 	New string `json:"new,omitempty"`
+}
+
+// DeleteHold is why an instance's deletes are held.
+type DeleteHold struct {
+	// Reason is all, share or epoch (plan.MassReason); Detail says it for
+	// people.
+	Reason string `json:"reason"`
+	Detail string `json:"detail"`
+	// Since and Until are the window of the hold in force (the state
+	// bucket's record); zero when this status would start a hold, which
+	// then lasts Window from the worker's first sight of it.
+	Since  time.Time `json:"since,omitzero"`
+	Until  time.Time `json:"until,omitzero"`
+	Window string    `json:"window"`
+	// Unknown says why a hold in force could not be known (the state
+	// bucket not read); "" when it was read.
+	Unknown string `json:"unknown,omitempty"`
 }
 
 // Deleted is a Service to delete.
@@ -171,11 +195,7 @@ func (ip *InstancePlan) fill(d plan.Desired, p plan.Plan, managedBy string) {
 			Reason: u.Reason, Foreign: u.Foreign, Fields: fieldChanges(u.Old, u.New)})
 	}
 	for _, s := range p.Delete {
-		id, ok := s.Annotations[plan.AnnotationMatID]
-		if !ok {
-			id = s.Labels[plan.LabelMatID]
-		}
-		ip.Delete = append(ip.Delete, Deleted{Name: s.Name, MatID: id})
+		ip.Delete = append(ip.Delete, deleted(s))
 	}
 	for _, s := range p.Skipped {
 		ip.Skipped = append(ip.Skipped, Skipped{Name: s.Name, Reason: s.Reason})
@@ -183,6 +203,15 @@ func (ip *InstancePlan) fill(d plan.Desired, p plan.Plan, managedBy string) {
 	for _, h := range d.Held {
 		ip.Held = append(ip.Held, Held{Name: h.Name, MatID: h.MatID, Reason: string(h.Reason), Detail: h.Detail})
 	}
+}
+
+// deleted is the Deleted of Service s.
+func deleted(s *corev1.Service) Deleted {
+	id, ok := s.Annotations[plan.AnnotationMatID]
+	if !ok {
+		id = s.Labels[plan.LabelMatID]
+	}
+	return Deleted{Name: s.Name, MatID: id}
 }
 
 // oldControllers reports whether s is the old controller's: our managed-by,

@@ -72,6 +72,33 @@ type StatusRow struct {
 	// Published is whether the sources API lists the instance; nil when
 	// not asked or not answered.
 	Published *bool `json:"published"`
+	// Hold is the instance's hold of deletes (the state bucket's hold
+	// record); nil when none.
+	Hold *HoldSummary `json:"hold"`
+}
+
+// HoldSummary is a hold of an instance's deletes (events.HoldRecord
+// without its list of Services).
+type HoldSummary struct {
+	// Reason is all, share or epoch; Detail says it for people.
+	Reason string `json:"reason"`
+	Detail string `json:"detail"`
+	// Held is how many Service deletes are held (or, once Released, being
+	// done); Existing how many Services the instance had when it started.
+	Held     int       `json:"held"`
+	Existing int       `json:"existing"`
+	Since    time.Time `json:"since"`
+	Until    time.Time `json:"until"`
+	// Released is when the window ended with the devices still away and
+	// the deletes went ahead; zero while the hold is in force.
+	Released time.Time `json:"released,omitzero"`
+	Epoch    string    `json:"epoch,omitempty"`
+}
+
+// holdSummary is r without its Services.
+func holdSummary(r events.HoldRecord) *HoldSummary {
+	return &HoldSummary{Reason: r.Reason, Detail: r.Detail, Held: r.Held, Existing: r.Existing, Since: r.Since, Until: r.Until,
+		Released: r.Released, Epoch: r.Epoch}
 }
 
 // ServiceCount is how many Services of an instance exist, by kind.
@@ -104,6 +131,10 @@ type Summary struct {
 	// or it is stale or ended): the rows' rotation and intervals are the
 	// last a leader wrote, not the current scheduling.
 	StateStale bool `json:"state_stale,omitempty"`
+	// HeldDeletes is the number of Service deletes held now (holds in
+	// force), over HeldInstances instances.
+	HeldDeletes   int `json:"held_deletes"`
+	HeldInstances int `json:"held_instances"`
 	// Unknown lists the parts that could not be read, and why.
 	Unknown []string `json:"unknown,omitempty"`
 }
@@ -153,6 +184,10 @@ func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 	sum.Leader = leader
 	sum.LeaderStale = leader != nil && st.Time.Sub(leader.Updated) > 3*events.StateRefresh
 	sum.StateStale = leader == nil || sum.LeaderStale || !leader.Ended.IsZero()
+	holds, err := bus.ReadHolds(ctx, ns)
+	if err != nil && !errors.Is(err, events.ErrNoState) {
+		sum.Unknown = append(sum.Unknown, "holds: "+err.Error())
+	}
 	errs, err := lastErrors(ctx, bus, ns, cfg.ErrorsSince)
 	if err != nil {
 		sum.Unknown = append(sum.Unknown, "errors: "+err.Error())
@@ -183,6 +218,13 @@ func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 		}
 		if e, ok := errs[r.Instance]; ok {
 			r.LastError = &e
+		}
+		if h, ok := holds[r.Instance]; ok {
+			r.Hold = holdSummary(h)
+			if h.InForce() {
+				sum.HeldDeletes += h.Held
+				sum.HeldInstances++
+			}
 		}
 		if services != nil {
 			c := services[plan.LabelValue(r.Instance)]
@@ -313,7 +355,8 @@ func WriteStatusJSON(w io.Writer, st *Status) error { return writeJSON(w, st, "s
 
 // WriteStatusText writes st as a table, one row per instance (INSTANCE,
 // URL, ROTATION with the poll or probe interval, LAST SYNC age, SERVICES
-// as BMC/NVOS, LAST ERROR kind and age, WORKER, PUBLISHED), "-" for what
+// as BMC/NVOS, HELD deletes with the time left or "deleting N" once
+// released, LAST ERROR kind and age, WORKER, PUBLISHED), "-" for what
 // is unknown, then the summary lines. With Summary.StateStale (no leader
 // running) ROTATION is "?" with the last value written ("? (was in)");
 // LAST SYNC and WORKER, being history, stay. A stale leader entry is
@@ -322,7 +365,7 @@ func WriteStatusJSON(w io.Writer, st *Status) error { return writeJSON(w, st, "s
 // leader.
 func WriteStatusText(w io.Writer, st *Status) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tURL\tROTATION\tLAST SYNC\tSERVICES (BMC/NVOS)\tLAST ERROR\tWORKER\tPUBLISHED")
+	fmt.Fprintln(tw, "INSTANCE\tURL\tROTATION\tLAST SYNC\tSERVICES (BMC/NVOS)\tHELD\tLAST ERROR\tWORKER\tPUBLISHED")
 	for _, r := range st.Rows {
 		rot, last, worker := "-", "-", "-"
 		if s := r.State; s != nil {
@@ -357,7 +400,7 @@ func WriteStatusText(w io.Writer, st *Status) error {
 		if r.Published != nil {
 			pub = map[bool]string{true: "yes", false: "NO"}[*r.Published]
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Instance, r.URL, rot, last, svc, lastErr, worker, pub)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Instance, r.URL, rot, last, svc, heldText(st.Time, r.Hold), lastErr, worker, pub)
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("operator: write status: %w", err)
@@ -385,10 +428,29 @@ func WriteStatusText(w io.Writer, st *Status) error {
 		leader = fmt.Sprintf("discovery leader %s (leading %s, written %s ago)", l.Identity, age(st.Time, l.Since), age(st.Time, l.Updated))
 	}
 	fmt.Fprintf(w, "\n%d instances, %s Services; %s; %s\n", s.Instances, svc, strings.Join(cons, "; "), leader)
+	if s.HeldInstances > 0 {
+		fmt.Fprintf(w, "held deletes: %d Services of %d instances whose devices vanished at once; each is deleted only if its device is still away after the hold's window (matbus errors --kind hold)\n",
+			s.HeldDeletes, s.HeldInstances)
+	}
 	for _, u := range s.Unknown {
 		fmt.Fprintf(w, "unknown: %s\n", u)
 	}
 	return nil
+}
+
+// heldText is the HELD cell of hold h at now: "-" for none, "400 (all,
+// 4m12s left)" in force, "400 (all, window over 3s ago)" when its window is
+// over and no status confirmed it yet, "deleting 400" once released.
+func heldText(now time.Time, h *HoldSummary) string {
+	switch {
+	case h == nil:
+		return "-"
+	case !h.Released.IsZero():
+		return fmt.Sprintf("deleting %d", h.Held)
+	case now.Before(h.Until):
+		return fmt.Sprintf("%d (%s, %s left)", h.Held, h.Reason, age(h.Until, now))
+	}
+	return fmt.Sprintf("%d (%s, window over %s ago)", h.Held, h.Reason, age(now, h.Until))
 }
 
 // consumerInactive is the InactiveThreshold of the ordered consumers that

@@ -53,7 +53,7 @@ func TestWriteStatusText(t *testing.T) {
 			}
 		}
 	}
-	if f := strings.Fields(lines[2]); len(f) != 8 || f[2] != "-" || f[3] != "-" || f[4] != "-" || f[5] != "-" || f[6] != "-" || f[7] != "-" {
+	if f := strings.Fields(lines[2]); len(f) != 9 || f[2] != "-" || f[3] != "-" || f[4] != "-" || f[5] != "-" || f[6] != "-" || f[7] != "-" || f[8] != "-" {
 		t.Errorf("an instance without state, Services, error or sources answer: %q, want - in every column after the URL", lines[2])
 	}
 }
@@ -205,4 +205,27 @@ func TestTailErrorsIdleKeepsConsumer(t *testing.T) {
 		n, s := errorConsumers(t, bus)
 		return n == 0, s
 	})
+}
+
+// TestWriteStatusTextHolds: the HELD column shows a hold in force with the
+// time left, one whose window is over, and one released; the summary
+// counts the deletes held now.
+func TestWriteStatusTextHolds(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	st := &Status{Time: now, Namespace: "ns", Rows: []StatusRow{
+		{Instance: "ns.a", URL: "https://a:1266", Hold: &HoldSummary{Reason: "all", Held: 400, Existing: 400, Since: now.Add(-time.Minute), Until: now.Add(4 * time.Minute)}},
+		{Instance: "ns.b", URL: "https://b:1266", Hold: &HoldSummary{Reason: "share", Held: 7, Existing: 10, Since: now.Add(-6 * time.Minute), Until: now.Add(-time.Minute)}},
+		{Instance: "ns.c", URL: "https://c:1266", Hold: &HoldSummary{Reason: "epoch", Held: 3, Since: now.Add(-6 * time.Minute), Until: now.Add(-time.Minute), Released: now.Add(-50 * time.Second)}},
+	}, Summary: Summary{Instances: 3, Services: 10, HeldDeletes: 407, HeldInstances: 2}}
+	var b bytes.Buffer
+	if err := WriteStatusText(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"HELD", "400 (all, 4m0s left)", "7 (share, window over 1m0s ago)", "deleting 3",
+		"held deletes: 407 Services of 2 instances"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("status lacks %q:\n%s", want, out)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 )
 
 // WriteJSON writes r as one indented JSON document. Errors: w's.
@@ -22,8 +23,9 @@ func writeJSON(w io.Writer, v any, what string) error {
 
 // WriteText writes r for a terminal: per instance one line per Service
 // action (create, update, recreate, delete, adopt, skip, held) with the
-// fields that change, then a summary line, "no change" when nothing
-// would change. Errors: w's.
+// fields that change, and the deletes a worker holds (why and until
+// when), then a summary line, "no change" when nothing would change.
+// Errors: w's.
 func WriteText(w io.Writer, r *Report) error {
 	b := &strings.Builder{}
 	fmt.Fprintf(b, "namespace %s, --bmc-ip-mode %s: %d Services listed, %d instances\n", r.Namespace, r.IPMode, r.Services, len(r.Instances))
@@ -66,6 +68,22 @@ func WriteText(w io.Writer, r *Report) error {
 		for _, s := range ip.Skipped {
 			fmt.Fprintf(b, "  skip      %s  %s\n", s.Name, s.Reason)
 		}
+		if dh := ip.DeleteHold; dh != nil {
+			switch {
+			case !dh.Until.IsZero():
+				fmt.Fprintf(b, "  deletes held until %s (%s: %s); they run only if a status fetched then still lacks the devices:\n",
+					dh.Until.UTC().Format(time.RFC3339), dh.Reason, dh.Detail)
+			default:
+				fmt.Fprintf(b, "  deletes a worker would hold for %s (%s: %s); they run only if a status fetched then still lacks the devices:\n",
+					dh.Window, dh.Reason, dh.Detail)
+			}
+			if dh.Unknown != "" {
+				fmt.Fprintf(b, "  (%s)\n", dh.Unknown)
+			}
+			for _, d := range ip.HeldDeletes {
+				fmt.Fprintf(b, "  hold      %s  mat_id %s\n", d.Name, d.MatID)
+			}
+		}
 		for _, h := range ip.Held {
 			name := h.Name
 			if name == "" {
@@ -105,6 +123,13 @@ func WriteText(w io.Writer, r *Report) error {
 				fmt.Fprintf(b, "\n  %s: %s", ip.Key, ip.Error)
 			}
 		}
+	}
+	held := 0
+	for _, ip := range r.Instances {
+		held += len(ip.HeldDeletes)
+	}
+	if held > 0 {
+		fmt.Fprintf(b, "; %d deletes held (not changes: many devices vanished at once)", held)
 	}
 	b.WriteString("\n")
 	if _, err := io.WriteString(w, b.String()); err != nil {

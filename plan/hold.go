@@ -151,6 +151,16 @@ type HoldState struct {
 	All  bool
 }
 
+// NewHoldState returns the HoldState of a stored hold: its window, whether
+// it was released, the UIDs it lists and whether that list is all of them.
+func NewHoldState(since, until time.Time, released bool, uids []string, complete bool) *HoldState {
+	h := &HoldState{Since: since, Until: until, Released: released, All: !complete, UIDs: make(map[types.UID]bool, len(uids))}
+	for _, u := range uids {
+		h.UIDs[types.UID(u)] = true
+	}
+	return h
+}
+
 // Holds reports whether h keeps the Service of uid from being deleted
 // now: h is in force (not released) and lists uid or holds all.
 func (h *HoldState) Holds(uid types.UID) bool {

@@ -106,12 +106,7 @@ func planHold(r *events.HoldRecord) *plan.HoldState {
 	if r == nil {
 		return nil
 	}
-	h := &plan.HoldState{Since: r.Since, Until: r.Until, Released: !r.InForce(), All: r.Truncated,
-		UIDs: make(map[types.UID]bool, len(r.Services))}
-	for _, s := range r.Services {
-		h.UIDs[types.UID(s.UID)] = true
-	}
-	return h
+	return plan.NewHoldState(r.Since, r.Until, !r.InForce(), r.UIDs(), !r.Truncated)
 }
 
 // holdDeletes applies the hold rule to the deletes of plan p of instance

@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/operator"
 	"github.com/matbus/matbus/plan"
@@ -95,12 +98,15 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	mode, _ := plan.ParseIPMode(w.ipMode)
 	sel, _ := parseSelector(w.targetSelector)
 	mcfg := w.matConfig("matbus-plan/" + version)
-	r, err := operator.Plan(ctx, operator.PlanConfig{
+	pcfg := operator.PlanConfig{
 		Kube:      kube,
 		Options:   plan.Options{Namespace: w.namespace, ManagedBy: w.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: w.stateAnnotations},
 		NewClient: func(url string) (operator.StatusClient, error) { return matclient.New(url, mcfg) },
 		Fetches:   w.fetches,
-	}, insts)
+		Hold:      w.holdRule(),
+	}
+	pcfg.Holds, pcfg.HoldsErr = readHolds(ctx, fs, &n, &w, log)
+	r, err := operator.Plan(ctx, pcfg, insts)
 	if err != nil {
 		return err
 	}
@@ -116,4 +122,35 @@ func runPlan(ctx context.Context, args []string, e env) error {
 		return exitCode(c)
 	}
 	return nil
+}
+
+// holdsWait bounds plan's read of the hold records.
+const holdsWait = 5 * time.Second
+
+// readHolds reads the hold records of the namespace from the state bucket
+// when a NATS URL was given (flag or environment), for plan to show the
+// holds in force; otherwise, or when they cannot be read within holdsWait,
+// it returns why.
+func readHolds(ctx context.Context, fs *flag.FlagSet, n *natsOpts, w *workerOpts, log *slog.Logger) (map[string]events.HoldRecord, error) {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "nats-url" })
+	if !given {
+		return nil, errors.New("no --nats-url given, so a hold in force is not known")
+	}
+	ctx, cancel := context.WithTimeout(ctx, holdsWait)
+	defer cancel()
+	nc, err := n.connect("matbus-plan", log)
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	bus, err := n.bus(nc, "plan", log, w)
+	if err != nil {
+		return nil, err
+	}
+	holds, err := bus.ReadHolds(ctx, w.namespace)
+	if errors.Is(err, events.ErrNoState) {
+		return map[string]events.HoldRecord{}, nil
+	}
+	return holds, err
 }
