@@ -82,7 +82,11 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		}
 		name := "worker-" + strconv.Itoa(i)
 		args := []string{"worker", "--nats-url", natsURL, "--kubeconfig", b.cluster.Kubeconfig,
-			"--namespace", ns, "--worker-name", name, "--health-addr", health, "--insecure-skip-verify"}
+			"--namespace", ns, "--worker-name", name, "--health-addr", health, "--insecure-skip-verify",
+			// The delete fan-out empties every simulator on purpose and
+			// measures the deletes themselves, not the hold of a mass
+			// disappearance (ADR 25).
+			"--delete-hold-window=0"}
 		if profiling {
 			args = append(args, "--profiling")
 		}
