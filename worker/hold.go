@@ -114,8 +114,9 @@ func planHold(r *events.HoldRecord) *plan.HoldState {
 // existing: it reads the instance's hold record, decides (plan.DecideHold),
 // writes the record (create, update under its revision, release, remove)
 // and returns p with only the deletes that may run now. With the rule off
-// and no record in view, or no deletes and no record, it returns p as it
-// is without reading anything. When the record cannot be read or written,
+// and no record in view, or no deletes and no record, or a status whose
+// deletes are held anyway (d.DeletesHeld), it returns p as it is without
+// reading anything. When the record cannot be read or written,
 // deletes that the rule or a record in view would hold are held this time
 // (never an early delete), and the failure is reported.
 func (w *Worker) holdDeletes(ctx context.Context, log *slog.Logger, key string, st *matclient.Status, d plan.Desired,
@@ -126,7 +127,9 @@ func (w *Worker) holdDeletes(ctx context.Context, log *slog.Logger, key string, 
 		w.memo.setEpoch(key, st.EpochID)
 	}
 	_, inView := w.holds.get(key)
-	if !inView && (rule.Off() || len(p.Delete) == 0) {
+	if d.DeletesHeld() || !inView && (rule.Off() || len(p.Delete) == 0) {
+		// A status with invalid devices deletes nothing and says nothing
+		// about whether held devices are back: the hold stays as it is.
 		return p
 	}
 	dis := plan.Disappearance{Existing: plan.Deletable(d, existing, w.cfg.Plan), Deletes: len(p.Delete), PrevEpoch: prevEpoch}

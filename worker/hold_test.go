@@ -17,6 +17,7 @@ import (
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/matsim"
+	"github.com/matbus/matbus/operator"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
 )
@@ -230,6 +231,14 @@ func TestHoldMATRestart(t *testing.T) {
 			r := h.waitHold()
 			if r.Held != holdFleetSize || r.Reason != string(plan.MassAll) || !r.InForce() || r.Epoch != "2026-12-06T05:00:00.000000002Z" {
 				t.Errorf("hold record: held %d, reason %q, in force %v, epoch %q; want %d, all, true, the new epoch", r.Held, r.Reason, r.InForce(), r.Epoch, holdFleetSize)
+			}
+			// matbus status shows the hold.
+			status, err := operator.ReadStatus(h.e.ctx, operator.StatusConfig{Bus: h.e.bus})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(status.Rows) != 1 || status.Rows[0].Hold == nil || status.Rows[0].Hold.Held != holdFleetSize || status.Summary.HeldDeletes != holdFleetSize {
+				t.Errorf("status: rows %+v, held deletes %d; want the instance's hold of %d", status.Rows, status.Summary.HeldDeletes, holdFleetSize)
 			}
 			if restart {
 				h.restart()
