@@ -493,3 +493,31 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, label string) (fl
 	}
 	return 0, false
 }
+
+// TestHoldOffDeletesAtOnce: with the window 0 (holding off), the same 3 s
+// MAT restart deletes the instance's Services and creates them again (new
+// UIDs), as before holds existed: the hold is what keeps them in
+// TestHoldMATRestart.
+func TestHoldOffDeletesAtOnce(t *testing.T) {
+	h := newHoldWorld(t, 0, nil)
+	writes0 := h.writes()
+	t0 := time.Now()
+	if err := h.sim.Restart("2026-12-06T05:00:00.000000002Z", h.emptyFleet()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3*time.Second - time.Since(t0))
+	if err := h.sim.SetFleet(h.fleet); err != nil {
+		t.Fatal(err)
+	}
+	h.e.waitServices(wantServiceNames(h.fleet)...)
+	same, _ := h.sameUIDs()
+	_, deleted := h.firstDelete()
+	t.Logf("measured: holding off, %d-BMC instance, 3 s empty inventory under a new epoch: %d Services deleted, %d Service writes, %d of %d UIDs changed",
+		holdFleetSize, deleted, h.writes()-writes0, holdFleetSize-same, holdFleetSize)
+	if deleted == 0 || same == holdFleetSize {
+		t.Errorf("holding off: %d deleted, %d UIDs unchanged; want the Services deleted and created again", deleted, same)
+	}
+	if r := h.hold(); r != nil {
+		t.Errorf("hold record with holding off: %+v", r)
+	}
+}
