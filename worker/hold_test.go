@@ -521,3 +521,32 @@ func TestHoldOffDeletesAtOnce(t *testing.T) {
 		t.Errorf("hold record with holding off: %+v", r)
 	}
 }
+
+// TestHoldKeepsQueuedDeleteJobs: a stale delete job that was queued before
+// the hold began (planned from an earlier status), for a Service the hold
+// lists, is acknowledged without deleting while the hold is in force,
+// although the newest status lacks the device.
+func TestHoldKeepsQueuedDeleteJobs(t *testing.T) {
+	h := newHoldWorld(t, time.Minute, nil)
+	if err := h.sim.Restart("", h.emptyFleet()); err != nil {
+		t.Fatal(err)
+	}
+	r := h.waitHold()
+	victim := h.before[r.Services[0].Name]
+	kept0 := h.w.Stats().DeletesKept
+	job := events.DeleteJob{Key: h.key, Namespace: h.e.ns, Name: victim.Name, UID: string(victim.UID),
+		MatID: victim.Annotations[plan.AnnotationMatID], Reason: "stale", PlannedAt: r.Since.Add(-time.Second)}
+	if err := h.e.bus.Publish(h.e.ctx, h.e.bus.Subjects.Delete(h.key), events.TypeDeleteJob, "test-queued-before-hold", job); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the delete job kept", func() (bool, string) {
+		s := h.w.Stats()
+		return s.DeletesKept > kept0, fmt.Sprintf("%+v", s)
+	})
+	if s := h.e.service(victim.Name); s == nil || s.UID != victim.UID {
+		t.Errorf("held Service %s deleted or replaced by a queued delete job", victim.Name)
+	}
+	if _, n := h.firstDelete(); n != 0 {
+		t.Errorf("%d Services deleted during the hold", n)
+	}
+}
