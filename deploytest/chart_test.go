@@ -377,6 +377,7 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		"metrics.serviceMonitor.interval=30", "networkPolicy.egress.natsPort=0",
 		"nats.streamReplicas=0", "nats.streamReplicas=6", "nats.tls.enabled=yes",
 		"worker.matCA.key=../ca.crt", "worker.matCA.secret=true",
+		"worker.deleteHold.share=0", "worker.deleteHold.share=1.5", "worker.deleteHold.window=soon",
 	} {
 		key, _, _ := strings.Cut(set, "=")
 		want := "/" + strings.ReplaceAll(key, ".", "/")
