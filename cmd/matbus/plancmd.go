@@ -124,22 +124,17 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	return nil
 }
 
-// holdsWait bounds plan's read of the hold records.
-const holdsWait = 5 * time.Second
-
 // readHolds reads the hold records of the namespace from the state bucket
 // when a NATS URL was given (flag or environment), for plan to show the
-// holds in force; otherwise, or when they cannot be read within holdsWait,
-// it returns why.
+// holds in force; otherwise, or when they cannot be read within reachWait,
+// it returns why (an unreachable NATS named within reachWait).
 func readHolds(ctx context.Context, fs *flag.FlagSet, n *natsOpts, w *workerOpts, log *slog.Logger) (map[string]events.HoldRecord, error) {
 	given := false
 	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "nats-url" })
 	if !given {
 		return nil, errors.New("no --nats-url given, so a hold in force is not known")
 	}
-	ctx, cancel := context.WithTimeout(ctx, holdsWait)
-	defer cancel()
-	nc, err := n.connect("matbus-plan", log)
+	nc, err := connectReachable(ctx, n, "matbus-plan", log, reachWait)
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +143,9 @@ func readHolds(ctx context.Context, fs *flag.FlagSet, n *natsOpts, w *workerOpts
 	if err != nil {
 		return nil, err
 	}
-	holds, err := bus.ReadHolds(ctx, w.namespace)
+	rctx, cancel := context.WithTimeout(ctx, reachWait)
+	defer cancel()
+	holds, err := bus.ReadHolds(rctx, w.namespace)
 	if errors.Is(err, events.ErrNoState) {
 		return map[string]events.HoldRecord{}, nil
 	}
