@@ -38,8 +38,11 @@ func (w *Worker) handleDelete(ctx context.Context, env events.Envelope, subject 
 // planned (shared by the delete jobs of one instance for up to a second),
 // so a delete that waited (API errors, redelivery) while its device came
 // back, or a stale job carrying the current UID, leaves the Service
-// alone. If that status cannot be fetched, nothing is deleted and the job
-// is retried. NotFound and a failed UID precondition count as done.
+// alone. Before that, a "stale" job is checked against the instance's hold
+// record (see holdDeletes): a Service a hold in force lists is not deleted
+// (its device vanished with many others; the hold decides after its
+// window). If the status or the record cannot be read, nothing is deleted
+// and the job is retried. NotFound and a failed UID precondition count as done.
 // Transient errors are retried with backoff under ctx; if they outlast
 // it, the job asks for redelivery. Every failure is published to
 // <prefix>.errors.delete: a permanent one per Service, transient ones per

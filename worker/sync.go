@@ -107,7 +107,9 @@ func (w *Worker) Sync(ctx context.Context, key string) error {
 // status and the instance's Services unchanged since this worker's last
 // complete sync, takes an apply slot, plans, applies creates, updates and
 // recreates, and publishes one delete job per Service that is no longer
-// wanted. A failed or invalid fetch is reported to <prefix>.errors.fetch
+// wanted, except the deletes a hold keeps back (holdDeletes: many devices
+// vanished at once; a poll whose status is unchanged still plans when a
+// hold's window is over, see holdDue). A failed or invalid fetch is reported to <prefix>.errors.fetch
 // and changes nothing. It returns the outcome, and an error only when ctx
 // ended.
 //
