@@ -85,7 +85,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 			"--namespace", ns, "--worker-name", name, "--health-addr", health, "--insecure-skip-verify",
 			// The delete fan-out empties every simulator on purpose and
 			// measures the deletes themselves, not the hold of a mass
-			// disappearance (ADR 25).
+			// disappearance (ADR 26).
 			"--delete-hold-window=0"}
 		if profiling {
 			args = append(args, "--profiling")
