@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/netip"
@@ -325,6 +326,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	if err := shared.Start(runCtx); err != nil {
 		return err
 	}
+	sourcesURL := ""
 	if sourceListAddr != "" {
 		sources := discovery.NewSourceList(time.Second, log.With("component", "discovery"))
 		addr, _, err := discovery.ServeSources(runCtx, sourceListAddr, sources, log.With("component", "discovery"))
@@ -332,6 +334,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 			return err
 		}
 		fmt.Fprintf(out, "Sources API              http://%s%s\n", addr, discovery.SourcesPath)
+		sourcesURL = "http://" + addr.String()
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = sources.Run(runCtx, shared) }()
 	}
@@ -370,7 +373,10 @@ func runDev(ctx context.Context, args []string, e env) error {
 		return devSummary{Converged: stopped == "converged", Services: count(), Expected: expected, Errors: errCount.Load(),
 			ElapsedSeconds: time.Since(start).Seconds(), NATSURL: n.url, Kubeconfig: kubeconfig, Namespace: w.namespace, Stopped: stopped}
 	}
-	// One line when every expected Service exists.
+	next := devNextSteps(devRun{natsURL: n.url, namespace: w.namespace, kubeconfig: kubeconfig, sourcesURL: sourcesURL,
+		entries: entries, flags: devPassedFlags(fs, n.prefix)})
+	// One line when every expected Service exists, then (without --once)
+	// the commands to look at the running pipeline.
 	inPlace, watched := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -382,7 +388,11 @@ func runDev(ctx context.Context, args []string, e env) error {
 				return
 			case <-t.C:
 				if count() >= expected {
-					fmt.Fprintf(out, "All %d Services in place after %.1fs\n", expected, time.Since(start).Seconds())
+					msg := fmt.Sprintf("All %d Services in place after %.1fs\n", expected, time.Since(start).Seconds())
+					if !once {
+						msg += next
+					}
+					_, _ = io.WriteString(out, msg)
 					close(inPlace)
 					return
 				}
@@ -428,6 +438,97 @@ func runDev(ctx context.Context, args []string, e env) error {
 			}
 		}
 	}
+}
+
+// devRun is what the next-step commands of a dev run need to know.
+type devRun struct {
+	natsURL, namespace, kubeconfig string
+	// sourcesURL is the sources API's base URL; empty when it is off.
+	sourcesURL string
+	entries    []discovery.StaticEntry
+	// flags are the flags of dev that status, plan and check take too,
+	// ready to append (see devPassedFlags).
+	flags []string
+}
+
+// devNextSteps returns the "Next steps" block dev prints once its
+// Services are in place: status, errors, plan, check and kubectl, each a
+// command line with this run's addresses that can be pasted as it is
+// (run from the repository root, where `make build` puts bin/matbus).
+// The README shows the same block.
+func devNextSteps(r devRun) string {
+	kc := shellQuote(r.kubeconfig)
+	var static []string
+	for _, e := range r.entries {
+		static = append(static, e.Name+"="+e.URL)
+	}
+	instances := "--namespace " + shellQuote(r.namespace) + " --static " + shellQuote(strings.Join(static, ","))
+	extra := ""
+	for _, f := range r.flags {
+		extra += " " + shellQuote(f)
+	}
+	status := "bin/matbus status --nats-url " + r.natsURL + " --namespace " + shellQuote(r.namespace) + " --kubeconfig " + kc + extra
+	if r.sourcesURL != "" {
+		status += " --sources-url " + r.sourcesURL
+	}
+	var b strings.Builder
+	b.WriteString("Next steps (in another terminal, from this folder; Ctrl-C here stops the pipeline):\n")
+	for _, c := range []struct{ what, cmd string }{
+		{"one row per instance, the Services, the jobs, the discovery leader", status},
+		{"error events of the last hour, then new ones as they come (Ctrl-C stops)", "bin/matbus errors --nats-url " + r.natsURL + " --since 1h" + prefixFlag(r.flags)},
+		{"what a worker would change (nothing, once in step); writes nothing", "bin/matbus plan --kubeconfig " + kc + " " + instances + " --insecure-skip-verify" + extra},
+		{"pre-flight: NATS, Kubernetes API, RBAC, MAT status, IP ranges", "bin/matbus check --nats-url " + r.natsURL + " --kubeconfig " + kc + " " + instances + " --insecure-skip-verify" + extra},
+		{"the Services themselves", "KUBECONFIG=" + kc + " kubectl get svc -n " + shellQuote(r.namespace) + " -l " + plan.LabelManagedBy + "=" + devManagedBy(r.flags)},
+	} {
+		fmt.Fprintf(&b, "  # %s\n  %s\n", c.what, c.cmd)
+	}
+	return b.String()
+}
+
+// devPassedFlags returns, as --name=value, the flags of fs that status,
+// plan and check must be given too so that they look at what this run
+// does (the subject prefix and the worker flags that shape Services),
+// when they differ from their defaults.
+func devPassedFlags(fs *flag.FlagSet, prefix string) []string {
+	var out []string
+	if prefix != events.DefaultPrefix {
+		out = append(out, "--subject-prefix="+prefix)
+	}
+	for _, name := range []string{"managed-by", "bmc-ip-mode", "target-selector", "enable-state-annotations", "mat-ca-file"} {
+		if f := fs.Lookup(name); f != nil && f.Value.String() != f.DefValue {
+			out = append(out, "--"+name+"="+f.Value.String())
+		}
+	}
+	return out
+}
+
+// prefixFlag returns " --subject-prefix=X" when flags hold one, else "".
+func prefixFlag(flags []string) string {
+	for _, f := range flags {
+		if strings.HasPrefix(f, "--subject-prefix=") {
+			return " " + shellQuote(f)
+		}
+	}
+	return ""
+}
+
+// devManagedBy returns the --managed-by value in flags, else the default.
+func devManagedBy(flags []string) string {
+	for _, f := range flags {
+		if v, ok := strings.CutPrefix(f, "--managed-by="); ok {
+			return shellQuote(v)
+		}
+	}
+	return plan.DefaultManagedBy
+}
+
+// shellQuote returns s as one POSIX shell word: as it is when it holds
+// only characters no shell treats specially, else in single quotes.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,@%+") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func writeSummary(out io.Writer, s devSummary, code int) error {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/kubelocal"
 )
 
@@ -66,5 +67,46 @@ func TestIPTakenHint(t *testing.T) {
 	}
 	if !strings.Contains(ipTakenHint, "--bmc-subnet") || !strings.Contains(ipTakenHint, "--nvos-subnet") {
 		t.Errorf("the hint names no flag to change: %s", ipTakenHint)
+	}
+}
+
+// TestDevNextSteps: the next-step block names this run's addresses in
+// every command, passes the flags that change what status, plan and check
+// must look at, and quotes what a shell would split.
+func TestDevNextSteps(t *testing.T) {
+	fs := newFlagSet("dev", "", nil)
+	var w workerOpts
+	w.register(fs)
+	if err := fs.Parse([]string{"--managed-by", "me", "--bmc-ip-mode", "external-ip"}); err != nil {
+		t.Fatal(err)
+	}
+	got := devNextSteps(devRun{
+		natsURL: "nats://127.0.0.1:4333", namespace: "ns1", kubeconfig: "/tmp/a b/kubeconfig", sourcesURL: "http://127.0.0.1:8099",
+		entries: []discovery.StaticEntry{{Name: "mat-0", URL: "https://127.0.0.1:1"}, {Name: "mat-1", URL: "https://127.0.0.1:2"}},
+		flags:   devPassedFlags(fs, "lab"),
+	})
+	var cmds []string
+	for _, l := range strings.Split(got, "\n") {
+		if strings.HasPrefix(l, "  ") && !strings.HasPrefix(l, "  #") {
+			cmds = append(cmds, strings.TrimPrefix(l, "  "))
+		}
+	}
+	want := []string{
+		"bin/matbus status --nats-url nats://127.0.0.1:4333 --namespace ns1 --kubeconfig '/tmp/a b/kubeconfig' --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip --sources-url http://127.0.0.1:8099",
+		"bin/matbus errors --nats-url nats://127.0.0.1:4333 --since 1h --subject-prefix=lab",
+		"bin/matbus plan --kubeconfig '/tmp/a b/kubeconfig' --namespace ns1 --static mat-0=https://127.0.0.1:1,mat-1=https://127.0.0.1:2 --insecure-skip-verify --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip",
+		"bin/matbus check --nats-url nats://127.0.0.1:4333 --kubeconfig '/tmp/a b/kubeconfig' --namespace ns1 --static mat-0=https://127.0.0.1:1,mat-1=https://127.0.0.1:2 --insecure-skip-verify --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip",
+		"KUBECONFIG='/tmp/a b/kubeconfig' kubectl get svc -n ns1 -l app.kubernetes.io/managed-by=me",
+	}
+	if strings.Join(cmds, "\n") != strings.Join(want, "\n") {
+		t.Errorf("next steps:\n%s\nwant the commands:\n%s", got, strings.Join(want, "\n"))
+	}
+	if !strings.HasPrefix(got, "Next steps") {
+		t.Errorf("block does not start with its title:\n%s", got)
+	}
+	for in, want := range map[string]string{"plain-1.2/x:y=z,w@v": "plain-1.2/x:y=z,w@v", "": "''", "a'b": `'a'\''b'`, "$HOME": "'$HOME'"} {
+		if got := shellQuote(in); got != want {
+			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
+		}
 	}
 }
