@@ -6,7 +6,7 @@ export MATBUS_BIN_DIR := $(CURDIR)/.bin
 ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all build tools run test lint unit fuzz fuzz-long bench bench-e2e clean deploy-check faulttest faulttest-long compose-e2e kube-e2e
+.PHONY: all build tools run test lint unit fuzz fuzz-long newcomer bench bench-e2e clean deploy-check faulttest faulttest-long compose-e2e kube-e2e
 
 all: build
 
@@ -25,8 +25,17 @@ run: build
 	./bin/matbus dev $(ARGS)
 
 ## test: everything CI runs — lint, unit and integration tests with -race on
-## real NATS and a real kube-apiserver + etcd, and a short fuzz of every decoder.
-test: tools lint deploy-check unit fuzz
+## real NATS and a real kube-apiserver + etcd, a short fuzz of every decoder,
+## and the README's first screen as a newcomer runs it.
+test: tools lint deploy-check unit fuzz newcomer
+
+## newcomer: what the README says to do, on the built tools: make run
+## ARGS="--once", then each "Next steps" command of a running `matbus dev`
+## as it prints it (exit 0 and the README's key lines; the README's block
+## and dev's agree). Needs port 4222, as make run does.
+newcomer: build
+	@bash hack/tools.sh apiserver
+	bash hack/newcomer.sh
 
 lint:
 	@echo ">> no tracked file over 1 MiB"; bash hack/large-files.sh
