@@ -317,8 +317,9 @@ func statusComplete(st *operator.Status, leader string, keys ...string) (bool, s
 }
 
 // runPermScenario is the pipeline's life on w: three workers and two
-// discovery processes; two instances appear and sync; a device goes (one
-// delete job); an instance goes (clean-up, delete fan-out); the leader
+// discovery processes; two instances appear and sync; one restarts with an
+// empty inventory (its deletes held, then its devices back); a device goes
+// (one delete job); an instance goes (clean-up, delete fan-out); the leader
 // stops and the other takes over, and a third instance appears. status,
 // errors, plan and check run as the reader on the way. Then no violation
 // may be in the server logs. Last, the worker and the reader try what
@@ -354,6 +355,48 @@ func runPermScenario(w *world) {
 		return statusComplete(st, leader, a.key(), b.key())
 	})
 
+	planArgs := append([]string{"plan", "--kubeconfig", cluster.Kubeconfig, "--namespace", w.ns, "--mat-scheme", "http",
+		"--service-cidr", cluster.ServiceCIDR, "--log-level", "warn"}, w.natsArgsAs("reader")...)
+
+	// mat-a restarts: an empty inventory under a new epoch. A worker holds
+	// its deletes (the state bucket's hold record), status and plan show
+	// the hold, and the devices come back: the hold ends, every Service
+	// kept.
+	uids := uidsOf(a.services())
+	full := a.sim.Fleet()
+	empty := full.Clone()
+	empty.Machines = nil
+	if err := a.sim.Restart("", empty); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("status shows mat-a's deletes held", time.Minute, func() (bool, string) {
+		st = w.readStatus()
+		for _, r := range st.Rows {
+			if r.Instance == a.key() && r.Hold != nil && r.Hold.Released.IsZero() && r.Hold.Held == len(uids) {
+				return len(st.Summary.Unknown) == 0, fmt.Sprintf("unknown: %v", st.Summary.Unknown)
+			}
+		}
+		return false, "no hold of mat-a"
+	})
+	if out, errOut, code := w.runMatbus(planArgs...); code != 2 || !strings.Contains(out, "held") {
+		t.Errorf("matbus plan during the hold: exit %d, want 2 with the held deletes\n%s%s", code, out, errOut)
+	}
+	if err := a.sim.Restart("", full); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor("mat-a's hold ends", time.Minute, func() (bool, string) {
+		st = w.readStatus()
+		for _, r := range st.Rows {
+			if r.Instance == a.key() && r.Hold != nil && r.Hold.Released.IsZero() {
+				return false, "still held"
+			}
+		}
+		return true, ""
+	})
+	if got := uidsOf(a.waitConverged(time.Minute)); !maps.Equal(got, uids) {
+		t.Errorf("mat-a's Services changed through its restart")
+	}
+
 	// One device goes: one delete job.
 	var sw string
 	for _, m := range a.fleet.Machines {
@@ -377,8 +420,6 @@ func runPermScenario(w *world) {
 	if out, errOut, code := w.runMatbus(append([]string{"errors", "--since", "1h", "--follow=false"}, w.natsArgsAs("reader")...)...); code != 0 {
 		t.Errorf("matbus errors: exit %d\n%s%s", code, out, errOut)
 	}
-	planArgs := append([]string{"plan", "--kubeconfig", cluster.Kubeconfig, "--namespace", w.ns, "--mat-scheme", "http",
-		"--service-cidr", cluster.ServiceCIDR, "--log-level", "warn"}, w.natsArgsAs("reader")...)
 	if out, errOut, code := w.runMatbus(planArgs...); code != 0 && code != 2 {
 		t.Errorf("matbus plan: exit %d\n%s%s", code, out, errOut)
 	}
@@ -413,7 +454,7 @@ func runPermScenario(w *world) {
 	if n := w.authErrors(); n > 0 {
 		t.Errorf("%d refused connections in the server log", n)
 	}
-	t.Logf("measured: %d permission violations through appear, sync, a device delete, an instance gone (%d delete jobs), a leader change, status, errors, plan and check",
+	t.Logf("measured: %d permission violations through appear, sync, a MAT restart (deletes held, devices back), a device delete, an instance gone (%d delete jobs), a leader change, status, errors, plan and check",
 		len(w.violations()), len(b.want()))
 
 	// What the identities may not do.
