@@ -5,9 +5,12 @@
 #      README's copy of that block is the same, addresses aside;
 #   3. each next-step command, exactly as dev printed it, exits 0 and prints
 #      the key lines the README shows (`errors` follows: it must say that it
-#      is following, then exit 0 on Ctrl-C).
-# kubectl is optional for a newcomer: without it that step is reported as
-# skipped. Needs etcd and kube-apiserver in .bin/ (`make run` builds them)
+#      is following, then exit 0 on Ctrl-C);
+#   4. the last one makes a simulator fail: status shows it out of rotation
+#      with a fetch error and dev prints the error; healed, it is back in
+#      rotation.
+# kubectl and curl are optional for a newcomer: without one, its step is
+# reported as skipped. Needs etcd and kube-apiserver in .bin/ (`make run` builds them)
 # and port 4222, as `make run` does. Takes about half a minute.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +42,17 @@ need() {
 }
 # addresses of one run: ports and temporary folders differ from run to run.
 normalize() { sed -E -e 's#127\.0\.0\.1:[0-9]+#127.0.0.1:PORT#g' -e 's#/tmp/matbus-dev-[0-9]+#/tmp/matbus-dev-N#g'; }
+# nextsteps FILE: the "Next steps (" line and the indented lines after it.
+nextsteps() { awk '/^Next steps \(/{p=1; print; next} p && /^  /{print; next} p{exit}' "$1"; }
+# status_until CMD OUT REGEX WHAT: run the status command until a line matches.
+status_until() {
+	for _ in $(seq 1 60); do
+		bash -c "$1" >"$2" 2>&1 || fail "status exited $?" "$2"
+		grep -qE "$3" "$2" && return 0
+		sleep 0.5
+	done
+	fail "status: after 30 s, $4" "$2"
+}
 
 step 'make run ARGS="--once"'
 make run ARGS="--once" >"$work/once.txt" 2>&1 || fail "make run ARGS=\"--once\" exited $?" "$work/once.txt"
@@ -49,23 +63,24 @@ step "bin/matbus dev (in the background) until it prints its next steps"
 bin/matbus dev >"$work/dev.txt" 2>"$work/dev.err" &
 devpid=$!
 for _ in $(seq 1 360); do
-	grep -q "kubectl get svc" <(sed -n '/^Next steps/,$p' "$work/dev.txt") && break
+	nextsteps "$work/dev.txt" | grep -q "matsim/fault" && break
 	kill -0 "$devpid" 2>/dev/null || fail "bin/matbus dev exited before printing its next steps" "$work/dev.txt"
 	sleep 0.5
 done
-sed -n '/^Next steps/,/kubectl get svc/p' "$work/dev.txt" >"$work/next.txt"
-grep -q "kubectl get svc" "$work/next.txt" || fail "no next steps from bin/matbus dev within 3 minutes" "$work/dev.txt"
+nextsteps "$work/dev.txt" >"$work/next.txt"
+grep -q "matsim/fault" "$work/next.txt" || fail "no next steps from bin/matbus dev within 3 minutes" "$work/dev.txt"
 need "$work/dev.txt" "All 22 Services in place after"
 
 step "the README's next steps are the ones dev prints"
-sed -n '/^Next steps (/,/kubectl get svc/p' README.md >"$work/readme-next.txt"
+nextsteps README.md >"$work/readme-next.txt"
 [ -s "$work/readme-next.txt" ] || fail "README.md has no \"Next steps (\" block"
 if ! diff <(normalize <"$work/readme-next.txt") <(normalize <"$work/next.txt") >"$work/next.diff"; then
 	fail "README.md's next steps (<) differ from those bin/matbus dev prints (>)" "$work/next.diff"
 fi
 
 grep -v '^  #' "$work/next.txt" | sed -n 's/^  //p' >"$work/cmds.txt"
-[ "$(wc -l <"$work/cmds.txt")" -eq 5 ] || fail "want 5 next-step commands" "$work/cmds.txt"
+[ "$(wc -l <"$work/cmds.txt")" -eq 6 ] || fail "want 6 next-step commands" "$work/cmds.txt"
+status=$(grep '^bin/matbus status ' "$work/cmds.txt") || fail "no status command" "$work/cmds.txt"
 n=0
 while IFS= read -r cmd; do
 	n=$((n + 1))
@@ -122,6 +137,25 @@ while IFS= read -r cmd; do
 		step "$cmd"
 		bash -c "$cmd" >"$out" 2>&1 || fail "kubectl exited $?" "$out"
 		[ "$(grep -c ' ClusterIP ' "$out")" -eq 22 ] || fail "kubectl: want 22 Services" "$out"
+		;;
+	*"curl -sSk -X PUT --data 500 "*"/matsim/fault")
+		if ! command -v curl >/dev/null; then
+			step "SKIP (no curl on this machine): $cmd"
+			continue
+		fi
+		step "$cmd"
+		bash -c "$cmd" >"$out" 2>&1 || fail "curl exited $?" "$out"
+		need "$out" "fault 500: every status request fails that way; PUT none to heal"
+		step "status shows mat-1 out of rotation with a fetch error"
+		status_until "$status" "$work/failed.txt" "^matbus-dev\.mat-1 .* OUT \(probe [0-9.]+m?s, [0-9]+ failed\) .* fetch [0-9]+s ago " "mat-1 is not OUT of rotation with a fetch error"
+		grep -qE "^matbus-dev\.mat-0 .* in \(poll " "$work/failed.txt" || fail "status: mat-0 left rotation too" "$work/failed.txt"
+		need "$work/failed.txt" "OUT (probe"
+		need "$work/dev.txt" "instance taken out of rotation after 3 consecutive failed status fetches"
+		heal=${cmd/--data 500/--data none}
+		step "$heal"
+		bash -c "$heal" >"$work/heal.txt" 2>&1 || fail "curl exited $?" "$work/heal.txt"
+		need "$work/heal.txt" "fault none: status requests are served normally"
+		status_until "$status" "$work/healed.txt" "^matbus-dev\.mat-1 .* in \(poll " "mat-1 is not back in rotation"
 		;;
 	*) fail "unexpected next-step command: $cmd" ;;
 	esac

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -111,13 +112,20 @@ type Options struct {
 	// body (rendered once per change and cached), and a GET or HEAD whose
 	// If-None-Match matches it is answered 304 Not Modified without a body.
 	DisableETag bool
+	// FaultControl serves FaultPath: PUT with a body that ParseFaultMode
+	// accepts ("500", "none", ...) sets the fault mode of later status
+	// requests, GET reads it. For local runs (matbus dev), so that a user
+	// can make a simulator fail and heal it; anyone who reaches the port
+	// can, so it is off by default.
+	FaultControl bool
 	// Logger receives debug logs (requests, TLS handshake errors); nil
 	// discards them.
 	Logger *slog.Logger
 }
 
 // Server simulates one MAT instance's `GET /machines/status` endpoint
-// (every other path is 404). It is safe for concurrent use; all state is
+// (besides `GET /healthz` and, with Options.FaultControl, FaultPath; every
+// other path is 404). It is safe for concurrent use; all state is
 // per Server.
 type Server struct {
 	legacy    bool
@@ -222,6 +230,10 @@ func New(opts Options) (*Server, error) {
 	s.mux.HandleFunc("GET /machines/status", s.serveStatus)
 	// Liveness for healthchecks (compose, probes); not counted in Requests.
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	if opts.FaultControl {
+		s.mux.HandleFunc("GET "+FaultPath, s.serveFault)
+		s.mux.HandleFunc("PUT "+FaultPath, s.serveFault)
+	}
 	return s, nil
 }
 
@@ -358,6 +370,39 @@ func (s *Server) CertPool() *x509.CertPool {
 	p := x509.NewCertPool()
 	p.AddCert(s.cert)
 	return p
+}
+
+// FaultPath is where a Server with Options.FaultControl serves its fault
+// mode (not counted in Requests).
+const FaultPath = "/matsim/fault"
+
+// serveFault answers GET FaultPath with the fault mode ("500\n") and PUT
+// FaultPath, whose body (at most 64 bytes) names a mode, by setting it and
+// answering "fault 500: every status request fails that way; PUT none to
+// heal" (400 with the accepted names for an unknown mode).
+func (s *Server) serveFault(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if r.Method == http.MethodGet {
+		fmt.Fprintf(w, "%s\n", s.Fault())
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 65))
+	if err != nil || len(body) > 64 {
+		http.Error(w, "matsim: want a fault mode of at most 64 bytes in the body", http.StatusBadRequest)
+		return
+	}
+	f, err := ParseFaultMode(string(body))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	s.SetFault(f)
+	s.log.Info("fault mode set", "fault", f.String())
+	if f == FaultNone {
+		fmt.Fprintf(w, "fault none: status requests are served normally\n")
+		return
+	}
+	fmt.Fprintf(w, "fault %s: every status request fails that way; PUT none to heal\n", f)
 }
 
 // SetFault sets the fault mode for later requests.

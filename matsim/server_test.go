@@ -245,6 +245,64 @@ func TestRoutes(t *testing.T) {
 	}
 }
 
+// TestFaultControl: with FaultControl, PUT /matsim/fault sets the fault
+// of later status requests and GET reads it; an unknown mode is a 400
+// naming the modes; without it the path is 404 and the fault stays.
+func TestFaultControl(t *testing.T) {
+	put := func(url, body string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPut, url+FaultPath, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	off, offURL := start(t, Options{Fleet: mustGenerate(t, FleetSpec{Hosts: 1})})
+	if code, _ := put(offURL, "500"); code != 404 {
+		t.Errorf("PUT %s without FaultControl = %d, want 404", FaultPath, code)
+	}
+	if off.Fault() != FaultNone {
+		t.Errorf("fault set without FaultControl: %v", off.Fault())
+	}
+
+	s, url := start(t, Options{Fleet: mustGenerate(t, FleetSpec{Hosts: 1}), FaultControl: true})
+	if code, body := put(url, "500"); code != 200 || !strings.Contains(body, "fault 500") {
+		t.Errorf("PUT 500 = %d %q", code, body)
+	}
+	if code, _ := get(t, http.MethodGet, url+"/machines/status"); code != 500 {
+		t.Errorf("status after PUT 500 = %d, want 500", code)
+	}
+	if code, body := get(t, http.MethodGet, url+FaultPath); code != 200 || string(body) != "500\n" {
+		t.Errorf("GET %s = %d %q, want 200 \"500\\n\"", FaultPath, code, body)
+	}
+	if code, body := put(url, "sometimes"); code != 400 || !strings.Contains(body, "none, 500, malformed, slow, hang") {
+		t.Errorf("PUT of an unknown mode = %d %q, want 400 naming the modes", code, body)
+	}
+	if code, _ := put(url, strings.Repeat("x", 100)); code != 400 {
+		t.Errorf("PUT of 100 bytes = %d, want 400", code)
+	}
+	if s.Fault() != Fault500 {
+		t.Errorf("a refused PUT changed the fault: %v", s.Fault())
+	}
+	if code, body := put(url, "none\n"); code != 200 || !strings.Contains(body, "fault none") {
+		t.Errorf("PUT none = %d %q", code, body)
+	}
+	if code, _ := get(t, http.MethodGet, url+"/machines/status"); code != 200 {
+		t.Errorf("status after PUT none = %d, want 200", code)
+	}
+	if code, _ := get(t, http.MethodPost, url+FaultPath); code != 405 {
+		t.Errorf("POST %s = %d, want 405", FaultPath, code)
+	}
+}
+
 func TestNewErrors(t *testing.T) {
 	f := mustGenerate(t, FleetSpec{Hosts: 1})
 	bad := f.Clone()

@@ -239,7 +239,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	for i, fleet := range fleets {
 		spec := f.spec()
 		spec.BMCSubnet = nthSubnet(base, i).String()
-		sim, err := matsim.New(matsim.Options{Fleet: fleet, TLS: tls})
+		sim, err := matsim.New(matsim.Options{Fleet: fleet, TLS: tls, FaultControl: true})
 		if err != nil {
 			return err
 		}
@@ -452,7 +452,8 @@ type devRun struct {
 }
 
 // devNextSteps returns the "Next steps" block dev prints once its
-// Services are in place: status, errors, plan, check and kubectl, each a
+// Services are in place: status, errors, plan, check and kubectl, and a
+// curl that makes the last simulator fail (matsim.FaultPath), each a
 // command line with this run's addresses that can be pasted as it is
 // (run from the repository root, where `make build` puts bin/matbus).
 // The README shows the same block.
@@ -481,6 +482,11 @@ func devNextSteps(r devRun) string {
 		{"the Services themselves", "KUBECONFIG=" + kc + " kubectl get svc -n " + shellQuote(r.namespace) + " -l " + plan.LabelManagedBy + "=" + devManagedBy(r.flags)},
 	} {
 		fmt.Fprintf(&b, "  # %s\n  %s\n", c.what, c.cmd)
+	}
+	if n := len(r.entries); n > 0 {
+		last := r.entries[n-1]
+		fmt.Fprintf(&b, "  # make %s fail (its status requests answer 500), then run status again; --data none heals it\n  curl -sSk -X PUT --data 500 %s\n",
+			last.Name, last.URL+matsim.FaultPath)
 	}
 	return b.String()
 }

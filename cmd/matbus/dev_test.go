@@ -97,6 +97,7 @@ func TestDevNextSteps(t *testing.T) {
 		"bin/matbus plan --kubeconfig '/tmp/a b/kubeconfig' --namespace ns1 --static mat-0=https://127.0.0.1:1,mat-1=https://127.0.0.1:2 --insecure-skip-verify --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip",
 		"bin/matbus check --nats-url nats://127.0.0.1:4333 --kubeconfig '/tmp/a b/kubeconfig' --namespace ns1 --static mat-0=https://127.0.0.1:1,mat-1=https://127.0.0.1:2 --insecure-skip-verify --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip",
 		"KUBECONFIG='/tmp/a b/kubeconfig' kubectl get svc -n ns1 -l app.kubernetes.io/managed-by=me",
+		"curl -sSk -X PUT --data 500 https://127.0.0.1:2/matsim/fault",
 	}
 	if strings.Join(cmds, "\n") != strings.Join(want, "\n") {
 		t.Errorf("next steps:\n%s\nwant the commands:\n%s", got, strings.Join(want, "\n"))
