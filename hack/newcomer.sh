@@ -156,6 +156,11 @@ while IFS= read -r cmd; do
 		bash -c "$heal" >"$work/heal.txt" 2>&1 || fail "curl exited $?" "$work/heal.txt"
 		need "$work/heal.txt" "fault none: status requests are served normally"
 		status_until "$status" "$work/healed.txt" "^matbus-dev\.mat-1 .* in \(poll " "mat-1 is not back in rotation"
+		for _ in $(seq 1 20); do
+			grep -qF "resolved: instance recovered" "$work/dev.txt" && break
+			sleep 0.5
+		done
+		need "$work/dev.txt" "resolved: instance recovered"
 		;;
 	*) fail "unexpected next-step command: $cmd" ;;
 	esac
