@@ -817,6 +817,34 @@ func decodeInstanceRecord(body []byte) (InstanceRecord, error) {
 	return InstanceRecord{Type: env.Type, Instance: inst, Epoch: env.Epoch}, nil
 }
 
+// InstanceNamespaces returns, sorted, the namespaces that have at least
+// one instance record (present or gone) in the instances stream under this
+// bus's subject prefix: those where a discovery has published. Errors: the
+// stream or its info cannot be read (jetstream.ErrStreamNotFound when no
+// discovery ever started under this prefix).
+func (b *Bus) InstanceNamespaces(ctx context.Context) ([]string, error) {
+	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	if err != nil {
+		return nil, fmt.Errorf("events: instances stream: %w", err)
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.Instances()))
+	if err != nil {
+		return nil, fmt.Errorf("events: instances stream info: %w", err)
+	}
+	seen := map[string]bool{}
+	for subj := range info.State.Subjects {
+		if ns, _, ok := strings.Cut(strings.TrimPrefix(subj, b.Subjects.p()+".instances."), "."); ok && ns != "" {
+			seen[ns] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for ns := range seen {
+		out = append(out, ns)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
 // Instances returns the current record of every instance subject of the
 // bus's namespace (every namespace when Config.Namespace is empty), keyed by
 // instance key. Records that do not decode are skipped and their keys

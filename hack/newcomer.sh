@@ -8,7 +8,9 @@
 #      is following, then exit 0 on Ctrl-C);
 #   4. the last one makes a simulator fail: status shows it out of rotation
 #      with a fetch error and dev prints the error; healed, it is back in
-#      rotation.
+#      rotation;
+#   5. `bin/matbus status` with no flags (namespace default) exits non-zero
+#      and names the namespace that has a pipeline.
 # kubectl and curl are optional for a newcomer: without one, its step is
 # reported as skipped. Needs etcd and kube-apiserver in .bin/ (`make run` builds them)
 # and port 4222, as `make run` does. Takes about half a minute.
@@ -165,6 +167,14 @@ while IFS= read -r cmd; do
 	*) fail "unexpected next-step command: $cmd" ;;
 	esac
 done <"$work/cmds.txt"
+
+step "bin/matbus status with no flags (namespace default) names the namespace that has a pipeline"
+code=0
+bin/matbus status >"$work/noflags.txt" 2>&1 || code=$?
+[ "$code" -ne 0 ] || fail "status in a namespace without a pipeline exited 0" "$work/noflags.txt"
+grep -qF 'no matbus pipeline in namespace "default"' "$work/noflags.txt" &&
+	grep -qF "namespace matbus-dev has one on this NATS: give --namespace matbus-dev" "$work/noflags.txt" ||
+	fail "status without flags does not say where the pipeline is" "$work/noflags.txt"
 
 step "Ctrl-C stops bin/matbus dev"
 kill -INT "$devpid"

@@ -147,13 +147,43 @@ type ConsumerStatus struct {
 	AckPending int    `json:"ack_pending"`
 }
 
+// ErrNoPipeline is ReadStatus's error when the namespace has neither an
+// instance record nor a discovery leader entry under the bus's subject
+// prefix: no discovery has published there (often a --namespace or
+// --subject-prefix other than the pipeline's).
+var ErrNoPipeline = errors.New("no matbus pipeline")
+
+// noPipeline returns ErrNoPipeline wrapped with the namespace and prefix
+// looked in and the namespaces that do have instance records on this
+// NATS, or why they are unknown.
+func noPipeline(ctx context.Context, bus *events.Bus) error {
+	ns, prefix := bus.Config().Namespace, bus.Subjects.Prefix
+	if prefix == "" {
+		prefix = events.DefaultPrefix
+	}
+	found, err := bus.InstanceNamespaces(ctx)
+	var hint string
+	switch {
+	case err != nil:
+		hint = "the namespaces that have one are unknown: " + err.Error()
+	case len(found) == 0:
+		hint = "no namespace has one on this NATS under that prefix: is discovery running against this NATS, with this --subject-prefix?"
+	case len(found) == 1:
+		hint = fmt.Sprintf("namespace %s has one on this NATS: give --namespace %s", found[0], found[0])
+	default:
+		hint = fmt.Sprintf("these namespaces have one on this NATS: %s (give one with --namespace)", strings.Join(found, ", "))
+	}
+	return fmt.Errorf("operator: %w in namespace %q (no instance record and no discovery leader under subject prefix %q); %s", ErrNoPipeline, ns, prefix, hint)
+}
+
 // ReadStatus reads the pipeline's status from what matbus publishes: the
 // instances (last record per instance subject), the discovery leader's
 // state bucket, the error stream of the last ErrorsSince, the job
 // consumers' info, and, when configured, one LIST of Services and one GET
 // of the sources API. No worker is asked. A part that cannot be read is
 // named in Summary.Unknown and leaves its columns unknown; the error is
-// only for the instances stream, without which there are no rows.
+// only for the instances stream, without which there are no rows, and
+// ErrNoPipeline when the namespace has no instance record and no leader.
 func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 	bus := cfg.Bus
 	ns := bus.Config().Namespace
@@ -180,6 +210,9 @@ func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 	states, leader, err := bus.ReadState(ctx, ns)
 	if err != nil {
 		sum.Unknown = append(sum.Unknown, "state: "+err.Error())
+	}
+	if len(recs) == 0 && len(bad) == 0 && leader == nil && (err == nil || errors.Is(err, events.ErrNoState)) {
+		return nil, noPipeline(ctx, bus)
 	}
 	sum.Leader = leader
 	sum.LeaderStale = leader != nil && st.Time.Sub(leader.Updated) > 3*events.StateRefresh

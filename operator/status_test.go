@@ -3,6 +3,7 @@ package operator
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -227,5 +228,51 @@ func TestWriteStatusTextHolds(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("status lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestStatusNoPipeline: a namespace without instance records and without
+// a discovery leader is ErrNoPipeline, naming the namespace and prefix it
+// looked in and the namespaces that have instances on that NATS; one with
+// records is read as before.
+func TestStatusNoPipeline(t *testing.T) {
+	ctx := context.Background()
+	nc := testenv.NATS(t)
+	bus := func(ns string) *events.Bus {
+		b, err := events.New(nc, events.Config{Namespace: ns, Memory: true}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.EnsureStreams(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	appear := func(b *events.Bus, key string) {
+		inst := events.Instance{Key: key, URL: "https://mat.example:1266", Scope: "static:t"}
+		if err := b.Publish(ctx, b.Subjects.Instance(key), events.TypeInstanceAppeared, key, inst); err != nil {
+			t.Fatal(err)
+		}
+	}
+	def := bus("default")
+	for _, tt := range []struct {
+		publish string // namespace of an instance published before reading
+		want    string
+	}{
+		{"", `in namespace "default" (no instance record and no discovery leader under subject prefix "mat"); no namespace has one on this NATS under that prefix`},
+		{"lab", `namespace lab has one on this NATS: give --namespace lab`},
+		{"dev", `these namespaces have one on this NATS: dev, lab (give one with --namespace)`},
+	} {
+		if tt.publish != "" {
+			appear(bus(tt.publish), tt.publish+".mat-0")
+		}
+		_, err := ReadStatus(ctx, StatusConfig{Bus: def})
+		if !errors.Is(err, ErrNoPipeline) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("after publishing in %q: error %v, want ErrNoPipeline saying %q", tt.publish, err, tt.want)
+		}
+	}
+	st, err := ReadStatus(ctx, StatusConfig{Bus: bus("lab")})
+	if err != nil || len(st.Rows) != 1 || st.Rows[0].Instance != "lab.mat-0" {
+		t.Fatalf("namespace lab: %+v, %v; want its one instance", st, err)
 	}
 }
