@@ -377,15 +377,27 @@ func runDev(ctx context.Context, args []string, e env) error {
 		entries: entries, flags: devPassedFlags(fs, n.prefix)})
 	// One line when every expected Service exists, then (without --once)
 	// the commands to look at the running pipeline.
+	// A run whose Services are not all in place after devNextStepsAfter
+	// (an IP taken on a shared cluster, a refused create) prints how far
+	// it got and the next steps then, to look at it with.
 	inPlace, watched := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(watched)
 		t := time.NewTicker(250 * time.Millisecond)
 		defer t.Stop()
+		var late <-chan time.Time
+		if !once {
+			lt := time.NewTimer(devNextStepsAfter)
+			defer lt.Stop()
+			late = lt.C
+		}
 		for {
 			select {
 			case <-runCtx.Done():
 				return
+			case <-late:
+				fmt.Fprintf(out, "%d of %d Services in place after %.0fs (the ERROR lines say why)\n%s", count(), expected, time.Since(start).Seconds(), next)
+				next = ""
 			case <-t.C:
 				if count() >= expected {
 					msg := fmt.Sprintf("All %d Services in place after %.1fs\n", expected, time.Since(start).Seconds())
@@ -439,6 +451,10 @@ func runDev(ctx context.Context, args []string, e env) error {
 		}
 	}
 }
+
+// devNextStepsAfter is how long a run without --once waits for every
+// Service before it prints the next steps anyway (a variable for tests).
+var devNextStepsAfter = 30 * time.Second
 
 // devRun is what the next-step commands of a dev run need to know.
 type devRun struct {

@@ -1,13 +1,17 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
 )
 
@@ -109,5 +113,42 @@ func TestDevNextSteps(t *testing.T) {
 		if got := shellQuote(in); got != want {
 			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
 		}
+	}
+}
+
+// TestDevNextStepsWhenNotInPlace: a run without --once whose Services
+// cannot all be created (BMC IPs outside the service range) still prints
+// how far it got and the next steps, once, after devNextStepsAfter, and
+// stops cleanly on its context.
+func TestDevNextStepsWhenNotInPlace(t *testing.T) {
+	if _, err := kubelocal.FindBinaries(); errors.Is(err, kubelocal.ErrNoBinaries) && os.Getenv("MATBUS_REQUIRE_K8S") == "" {
+		t.Skip("kube-apiserver/etcd not built; run `make tools` (make test does)")
+	}
+	defer func(d time.Duration) { devNextStepsAfter = d }(devNextStepsAfter)
+	devNextStepsAfter = 2 * time.Second
+	var o, e testenv.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"dev", "--nats-port", "0", "--simulators", "1", "--hosts", "2", "--bmc-subnet", "10.200.0.0/20",
+			"--log-level", "error", "--namespace", "matbus-dev-late"}, env{stdout: &o, stderr: &e, lookupEnv: mapEnv(map[string]string{"KUBECONFIG": ""})})
+	}()
+	testenv.Wait(t, 2*time.Minute, "the next steps of a run that is not in place", func() (bool, string) {
+		return strings.Contains(o.String(), "matsim/fault"), o.String() + e.String()
+	})
+	cancel()
+	if code := <-done; code != 0 {
+		t.Errorf("exit %d after Ctrl-C\n%s%s", code, o.String(), e.String())
+	}
+	out := o.String()
+	if !regexp.MustCompile(`(?m)^[0-9]+ of [0-9]+ Services in place after [0-9]+s \(the ERROR lines say why\)\nNext steps \(`).MatchString(out) {
+		t.Errorf("no line saying how far it got before the next steps:\n%s", out)
+	}
+	if n := strings.Count(out, "Next steps ("); n != 1 {
+		t.Errorf("next steps printed %d times:\n%s", n, out)
+	}
+	if !strings.Contains(out, "bin/matbus status --nats-url nats://127.0.0.1:") || !strings.Contains(out, "--namespace matbus-dev-late") {
+		t.Errorf("next steps without this run's address and namespace:\n%s", out)
 	}
 }
