@@ -39,7 +39,7 @@ type devSummary struct {
 	Services       int     `json:"services"`
 	Expected       int     `json:"expected"`
 	Errors         int64   `json:"errors"`
-	ElapsedSeconds float64 `json:"elapsed_seconds"`
+	ElapsedSeconds float64 `json:"elapsed_seconds"` // to the millisecond
 	NATSURL        string  `json:"nats_url"`
 	Kubeconfig     string  `json:"kubeconfig,omitempty"`
 	Namespace      string  `json:"namespace"`
@@ -371,7 +371,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 
 	summary := func(stopped string) devSummary {
 		return devSummary{Converged: stopped == "converged", Services: count(), Expected: expected, Errors: errCount.Load(),
-			ElapsedSeconds: time.Since(start).Seconds(), NATSURL: n.url, Kubeconfig: kubeconfig, Namespace: w.namespace, Stopped: stopped}
+			ElapsedSeconds: time.Since(start).Round(time.Millisecond).Seconds(), NATSURL: n.url, Kubeconfig: kubeconfig, Namespace: w.namespace, Stopped: stopped}
 	}
 	next := devNextSteps(devRun{natsURL: n.url, namespace: w.namespace, kubeconfig: kubeconfig, sourcesURL: sourcesURL,
 		entries: entries, flags: devPassedFlags(fs, n.prefix)})
