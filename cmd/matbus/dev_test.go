@@ -23,7 +23,7 @@ func TestDevOnceStopsOnPermanentProblems(t *testing.T) {
 	if _, err := kubelocal.FindBinaries(); errors.Is(err, kubelocal.ErrNoBinaries) && os.Getenv("MATBUS_REQUIRE_K8S") == "" {
 		t.Skip("kube-apiserver/etcd not built; run `make tools` (make test does)")
 	}
-	code, out, errOut := runArgs(t, map[string]string{"KUBECONFIG": ""}, "dev", "--once", "--nats-port", "0", "--simulators", "1",
+	code, out, errOut := runArgs(t, map[string]string{"KUBECONFIG": ""}, "dev", "--once", "-v", "--nats-port", "0", "--simulators", "1",
 		"--hosts", "2", "--bmc-subnet", "10.200.0.0/20", "--sync-interval", "2s", "--timeout", "2m30s", "--log-level", "error",
 		"--namespace", "matbus-dev-permanent")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
@@ -131,7 +131,7 @@ func TestDevNextStepsWhenNotInPlace(t *testing.T) {
 	defer cancel()
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"dev", "--nats-port", "0", "--simulators", "1", "--hosts", "2", "--bmc-subnet", "10.200.0.0/20",
+		done <- run(ctx, []string{"dev", "-v", "--nats-port", "0", "--simulators", "1", "--hosts", "2", "--bmc-subnet", "10.200.0.0/20",
 			"--log-level", "error", "--namespace", "matbus-dev-late"}, env{stdout: &o, stderr: &e, lookupEnv: mapEnv(map[string]string{"KUBECONFIG": ""})})
 	}()
 	testenv.Wait(t, 2*time.Minute, "the next steps of a run that is not in place", func() (bool, string) {

@@ -124,7 +124,7 @@ func TestDevOnce(t *testing.T) {
 	if _, err := kubelocal.FindBinaries(); errors.Is(err, kubelocal.ErrNoBinaries) && os.Getenv("MATBUS_REQUIRE_K8S") == "" {
 		t.Skip("kube-apiserver/etcd not built; run `make tools` (make test does)")
 	}
-	code, out, errOut := runArgs(t, map[string]string{"KUBECONFIG": ""}, "dev", "--once", "--nats-port", "0", "--hosts", "3",
+	code, out, errOut := runArgs(t, map[string]string{"KUBECONFIG": ""}, "dev", "--once", "-v", "--nats-port", "0", "--hosts", "3",
 		"--dpus-per-host", "2", "--timeout", "2m", "--log-level", "warn")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	var s devSummary
