@@ -68,6 +68,16 @@ type Config struct {
 	// server certificate (ignored with InsecureSkipVerify). LoadRootCAs
 	// makes one of the system roots plus a private CA bundle.
 	RootCAs *x509.CertPool
+	// VerifyPeer, if non-nil, verifies the server certificate instead of
+	// crypto/tls with RootCAs (ignored with InsecureSkipVerify): it is
+	// called at every TLS handshake with the URL's host (a DNS name or IP
+	// address) and the chain the server sent, leaf first, and its error
+	// fails the handshake. reload.Roots.Verify is one: it verifies against
+	// a CA bundle that is re-read when it changes, so clients made before a
+	// CA rotation trust the new CA from their next connection on. Return a
+	// *tls.CertificateVerificationError (as crypto/tls does) for
+	// IsVerificationError and IsTransient to know the failure.
+	VerifyPeer func(serverName string, chain []*x509.Certificate) error
 	// DialContext, if non-nil, opens the TCP connections instead of a
 	// net.Dialer (addr is the URL's "host:port"). TLS still verifies the
 	// URL's host name, so tests and tools can serve a DNS name's
@@ -201,6 +211,14 @@ func New(baseURL string, cfg Config) (*Client, error) {
 		MinVersion:         tls.VersionTLS12,
 		RootCAs:            cfg.RootCAs,
 		InsecureSkipVerify: cfg.InsecureSkipVerify, //nolint:gosec // opt-in: MAT serves self-signed certificates.
+	}
+	if verify := cfg.VerifyPeer; verify != nil && !cfg.InsecureSkipVerify {
+		host := u.Hostname()
+		// crypto/tls's own check, with a pool fixed at New, makes way for
+		// VerifyPeer's, which runs on every connection, resumed ones too.
+		t.TLSClientConfig.InsecureSkipVerify = true //nolint:gosec // VerifyConnection verifies the chain and host.
+		t.TLSClientConfig.RootCAs = nil
+		t.TLSClientConfig.VerifyConnection = func(cs tls.ConnectionState) error { return verify(host, cs.PeerCertificates) }
 	}
 	closeCtx, closeFn := context.WithCancel(context.Background())
 	return &Client{

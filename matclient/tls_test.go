@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
@@ -204,5 +205,90 @@ func TestLoadRootCAsErrors(t *testing.T) {
 		if _, err := leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: "y.example"}); err != nil {
 			t.Errorf("a certificate of a CA in the bundle: %v", err)
 		}
+	}
+}
+
+// TestVerifyPeerTrustsRotatedCA: one Client, kept across a CA rotation
+// (as the worker's client cache keeps it). MAT restarts with a certificate
+// from a new CA: refused as an unknown authority, permanent. Once the CA
+// bundle (a kubelet-style volume, swapped atomically) holds the new CA,
+// the same Client's next Status verifies, although the bundle's
+// MinInterval is an hour: an unknown authority looks at the file at once.
+// Host names are still checked, and InsecureSkipVerify still skips.
+func TestVerifyPeerTrustsRotatedCA(t *testing.T) {
+	oldCA, newCA := testenv.NewCA(t, "old MAT CA"), testenv.NewCA(t, "new MAT CA")
+	bundle := testenv.NewVolume(t, map[string][]byte{"ca.crt": oldCA.PEM})
+	roots, err := reload.NewRoots(reload.RootsConfig{Path: bundle.Path("ca.crt"), System: true, MinInterval: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := matsim.Generate(matsim.FleetSpec{Hosts: 2, BMCSubnet: "10.96.65.0/24", Seed: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	var sim *matsim.Server
+	start := func(ca *testenv.CA) {
+		t.Helper()
+		if sim != nil {
+			if err := sim.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cert := ca.Issue(goodName)
+		if sim, err = matsim.New(matsim.Options{Fleet: fleet, TLSCertificate: &cert}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sim.Start(context.Background(), addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start(oldCA)
+	t.Cleanup(func() { _ = sim.Close() })
+	_, port, _ := net.SplitHostPort(addr)
+	dial := testenv.DialRoutes(map[string]string{net.JoinHostPort(goodName, port): addr, net.JoinHostPort(otherName, port): addr})
+	c, err := matclient.New("https://"+net.JoinHostPort(goodName, port), matclient.Config{VerifyPeer: roots.Verify, DialContext: dial, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Status(context.Background()); err != nil {
+		t.Fatalf("old CA: %v", err)
+	}
+
+	start(newCA) // MAT restarts with a certificate of the new CA
+	_, err = c.Status(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "certificate signed by unknown authority") || !strings.Contains(err.Error(), `issuer "CN=new MAT CA"`) {
+		t.Fatalf("new CA not in the bundle yet: %v, want an unknown authority naming the issuer", err)
+	}
+	if matclient.IsTransient(err) || !matclient.IsVerificationError(err) {
+		t.Errorf("%v: want a permanent verification error", err)
+	}
+
+	bundle.Update(map[string][]byte{"ca.crt": append(append([]byte{}, oldCA.PEM...), newCA.PEM...)})
+	if _, err := c.Status(context.Background()); err != nil {
+		t.Fatalf("the same client after the bundle swap: %v", err)
+	}
+
+	other, err := matclient.New("https://"+net.JoinHostPort(otherName, port), matclient.Config{VerifyPeer: roots.Verify, DialContext: dial, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := other.Status(context.Background()); err == nil || !strings.Contains(err.Error(), "certificate is valid for "+goodName+", not "+otherName) {
+		t.Errorf("another host name: %v, want refused naming both names", err)
+	}
+	insecure, err := matclient.New("https://"+net.JoinHostPort(otherName, port), matclient.Config{VerifyPeer: roots.Verify, InsecureSkipVerify: true, DialContext: dial, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer insecure.Close()
+	if _, err := insecure.Status(context.Background()); err != nil {
+		t.Errorf("InsecureSkipVerify with VerifyPeer: %v", err)
 	}
 }

@@ -99,7 +99,9 @@ type Options struct {
 	TLSCertificate *tls.Certificate
 	// TLSCertFile and TLSKeyFile (both or neither) name PEM files of a
 	// certificate chain and its key, read at New and served like
-	// TLSCertificate; mutually exclusive with it.
+	// TLSCertificate; mutually exclusive with it. They are looked at on
+	// every TLS handshake and a renewed pair is served from then on (a
+	// missing or mismatched pair keeps the last good one, with a warning).
 	TLSCertFile, TLSKeyFile string
 	// SlowDelay is the FaultSlow delay; 0 means DefaultSlowDelay.
 	SlowDelay time.Duration
@@ -217,13 +219,22 @@ func New(opts Options) (*Server, error) {
 		}
 		s.fixture = b
 	}
-	cert, err := serverCert(opts)
+	cert, pair, err := serverCert(opts)
 	if err != nil {
 		return nil, err
 	}
 	if cert != nil {
 		s.cert = cert.Leaf
 		s.tlsConfig = &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{*cert}}
+	}
+	if pair != nil {
+		// A re-issued certificate (cert-manager renewing the Secret) is
+		// served from the next handshake on.
+		s.tlsConfig.Certificates = nil
+		s.tlsConfig.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			c := pair.Current()
+			return &c, nil
+		}
 	}
 	s.baseCtx, s.cancelBase = context.WithCancel(context.Background())
 	s.mux = http.NewServeMux()

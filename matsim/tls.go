@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"github.com/matbus/matbus/internal/reload"
 	"math/big"
 	"net"
 	"time"
@@ -58,31 +59,34 @@ func selfSignedCert(names []string, now time.Time) (tls.Certificate, error) {
 }
 
 // serverCert returns the certificate New serves: the given one, the one
-// of the given files, a self-signed one with opts.TLS, or nil (plain HTTP).
-// The returned certificate's Leaf is set.
-func serverCert(opts Options) (*tls.Certificate, error) {
+// of the given files (and the files, kept current), a self-signed one with
+// opts.TLS, or nil (plain HTTP). The returned certificate's Leaf is set.
+func serverCert(opts Options) (*tls.Certificate, *reload.KeyPair, error) {
 	files := opts.TLSCertFile != "" || opts.TLSKeyFile != ""
 	switch {
 	case files && (opts.TLSCertFile == "" || opts.TLSKeyFile == ""):
-		return nil, errors.New("matsim: TLSCertFile and TLSKeyFile go together (both or neither)")
+		return nil, nil, errors.New("matsim: TLSCertFile and TLSKeyFile go together (both or neither)")
 	case files && opts.TLSCertificate != nil:
-		return nil, errors.New("matsim: TLSCertificate and TLSCertFile/TLSKeyFile are mutually exclusive")
+		return nil, nil, errors.New("matsim: TLSCertificate and TLSCertFile/TLSKeyFile are mutually exclusive")
 	case files:
-		cert, err := tls.LoadX509KeyPair(opts.TLSCertFile, opts.TLSKeyFile)
+		pair, err := reload.NewKeyPair(reload.KeyPairConfig{CertFile: opts.TLSCertFile, KeyFile: opts.TLSKeyFile,
+			Name: "TLS certificate " + opts.TLSCertFile + ", key " + opts.TLSKeyFile, Log: opts.Logger})
 		if err != nil {
-			return nil, fmt.Errorf("matsim: TLS certificate %s, key %s: %w", opts.TLSCertFile, opts.TLSKeyFile, err)
+			return nil, nil, fmt.Errorf("matsim: %w", err)
 		}
-		return withLeaf(cert)
+		cert := pair.Current()
+		return &cert, pair, nil
 	case opts.TLSCertificate != nil:
-		return withLeaf(*opts.TLSCertificate)
+		cert, err := withLeaf(*opts.TLSCertificate)
+		return cert, nil, err
 	case opts.TLS:
 		cert, err := selfSignedCert(opts.TLSNames, time.Now())
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return &cert, nil
+		return &cert, nil, nil
 	}
-	return nil, nil
+	return nil, nil, nil
 }
 
 func withLeaf(cert tls.Certificate) (*tls.Certificate, error) {

@@ -46,7 +46,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	log = log.With("component", "check")
-	if err := w.loadMatRoots(); err != nil {
+	if err := w.loadMatRoots(log); err != nil {
 		return err
 	}
 	mode, _ := plan.ParseIPMode(w.ipMode)

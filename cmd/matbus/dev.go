@@ -153,7 +153,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	// TLS is verified as in production: the simulators' self-signed
 	// certificates are trusted as they start (besides the system roots and
 	// --mat-ca-file), unless --insecure-skip-verify.
-	if err := w.loadMatRoots(); err != nil {
+	if err := w.loadMatRoots(log); err != nil {
 		return err
 	}
 	n.memory = true

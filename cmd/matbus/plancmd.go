@@ -61,7 +61,7 @@ func runPlan(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	log = log.With("component", "plan")
-	if err := w.loadMatRoots(); err != nil {
+	if err := w.loadMatRoots(log); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/matclient"
@@ -44,9 +45,10 @@ type workerOpts struct {
 	// matCAFile is --mat-ca-file: a PEM bundle of CAs MAT certificates are
 	// verified against, besides the system roots.
 	matCAFile string
-	// matRoots is what loadMatRoots made of matCAFile, plus what
-	// trustMatCerts added; nil means the system roots.
-	matRoots *x509.CertPool
+	// matRoots is what MAT certificates are verified against: the system
+	// roots, matCAFile as loadMatRoots read it (and re-reads it when it
+	// changes) and what trustMatCerts added; nil means the system roots.
+	matRoots *reload.Roots
 	// metrics, when set (runWorker), receives the worker's measurements.
 	metrics *worker.Metrics
 }
@@ -59,7 +61,7 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.name, "worker-name", "", "name of this worker in logs and error events (default: $POD_NAME or the host name)")
 	fs.Var(&o.serviceCIDRs, "service-cidr", "the cluster's service IP range(s), to tell an allocated cluster IP (retried) from one out of range (permanent); repeatable")
 	fs.BoolVar(&o.insecure, "insecure-skip-verify", false, "do not verify MAT's TLS certificates (for MAT instances serving self-signed ones); by default they are verified against the URL's host name, the system roots and --mat-ca-file")
-	fs.StringVar(&o.matCAFile, "mat-ca-file", "", "PEM bundle of the CA(s) that issue MAT's certificates (e.g. a cert-manager CA's ca.crt), trusted besides the system roots")
+	fs.StringVar(&o.matCAFile, "mat-ca-file", "", "PEM bundle of the CA(s) that issue MAT's certificates (e.g. a cert-manager CA's ca.crt), trusted besides the system roots; re-read when it changes (a mounted Secret's update included), and at once when a MAT certificate's issuer is unknown; a missing or broken file keeps the last good bundle, with a warning")
 	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", true, "write the mat-api-state and mat-power-state annotations, as the old controller does (each power flip costs a Service write); false removes them at the next sync")
 	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
 	offDurationVar(fs, &o.matBodyMaxAge, "mat-body-max-age", defaultMATBodyMaxAge, matBodyMaxAgeUsage)
@@ -124,11 +126,13 @@ func (o *workerOpts) validate() error {
 	return nil
 }
 
-// loadMatRoots reads --mat-ca-file once, at start, so that a missing,
+// loadMatRoots reads --mat-ca-file at start, so that a missing,
 // unreadable or certificate-less file is one clear error naming the file
-// (never its contents). Without the flag matRoots stays nil: the system
-// roots.
-func (o *workerOpts) loadMatRoots() error {
+// (never its contents). From then on the file is re-read when it changes
+// (reload.Roots): each new MAT connection verifies against the bundle as
+// it is, a bad file keeps the last good bundle and is logged once to log.
+// Without the flag matRoots stays nil: the system roots.
+func (o *workerOpts) loadMatRoots(log *slog.Logger) error {
 	if o.matCAFile == "" {
 		return nil
 	}
@@ -136,11 +140,11 @@ func (o *workerOpts) loadMatRoots() error {
 	if err := checkReadable(label, o.matCAFile); err != nil {
 		return err
 	}
-	pool, err := matclient.LoadRootCAs(o.matCAFile)
+	roots, err := reload.NewRoots(reload.RootsConfig{Path: o.matCAFile, Name: label, System: true, Log: log})
 	if err != nil {
-		return fmt.Errorf("%s: %w", label, err)
+		return err
 	}
-	o.matRoots = pool
+	o.matRoots = roots
 	return nil
 }
 
@@ -152,21 +156,20 @@ func (o *workerOpts) trustMatCerts(certs ...*x509.Certificate) {
 		return
 	}
 	if o.matRoots == nil {
-		if p, err := x509.SystemCertPool(); err == nil && p != nil {
-			o.matRoots = p
-		} else {
-			o.matRoots = x509.NewCertPool()
-		}
+		o.matRoots, _ = reload.NewRoots(reload.RootsConfig{System: true}) // no file: no error
 	}
-	for _, c := range certs {
-		o.matRoots.AddCert(c)
-	}
+	o.matRoots.Trust(certs...)
 }
 
 // matConfig is the MAT client configuration of the flags, after
-// loadMatRoots.
+// loadMatRoots: every client verifies MAT's certificate against matRoots
+// as they are at each handshake.
 func (o *workerOpts) matConfig(userAgent string) matclient.Config {
-	return matclient.Config{Timeout: o.matTimeout, InsecureSkipVerify: o.insecure, RootCAs: o.matRoots, UserAgent: userAgent}
+	cfg := matclient.Config{Timeout: o.matTimeout, InsecureSkipVerify: o.insecure, UserAgent: userAgent}
+	if o.matRoots != nil {
+		cfg.VerifyPeer = o.matRoots.Verify
+	}
+	return cfg
 }
 
 func (o *workerOpts) workerName() string {
@@ -270,7 +273,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	log = log.With("component", "worker")
-	if err := o.loadMatRoots(); err != nil {
+	if err := o.loadMatRoots(log); err != nil {
 		return err
 	}
 	cfg, err := k.restConfig()

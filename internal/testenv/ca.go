@@ -79,19 +79,36 @@ func (c *CA) WriteFile() string {
 // common name), signed by the CA, with its leaf set.
 func (c *CA) Issue(dnsNames ...string) tls.Certificate {
 	c.t.Helper()
+	return c.issue(&x509.Certificate{ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, DNSNames: dnsNames})
+}
+
+// IssueIP returns a server certificate for DNS names and IP addresses
+// (e.g. "localhost", "127.0.0.1"), signed by the CA, with its leaf set.
+func (c *CA) IssueIP(names ...string) tls.Certificate {
+	c.t.Helper()
+	tmpl := &x509.Certificate{ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, n)
+		}
+	}
+	return c.issue(tmpl)
+}
+
+// issue signs tmpl (its names and key usage) for a day with a new key.
+func (c *CA) issue(tmpl *x509.Certificate) tls.Certificate {
+	c.t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	now := time.Now()
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(c.t),
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:     dnsNames,
-	}
+	tmpl.SerialNumber = serial(c.t)
+	tmpl.NotBefore = now.Add(-time.Hour)
+	tmpl.NotAfter = now.Add(24 * time.Hour)
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, &key.PublicKey, c.key)
 	if err != nil {
 		c.t.Fatal(err)
@@ -103,24 +120,38 @@ func (c *CA) Issue(dnsNames ...string) tls.Certificate {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }
 
-// WriteKeyPair writes cert's chain and key as PEM files (tls.crt, tls.key,
-// cert-manager's names) to a fresh temporary folder and returns their paths.
-func (c *CA) WriteKeyPair(cert tls.Certificate) (certFile, keyFile string) {
+// KeyPairPEM returns cert's chain and key as PEM (what a cert-manager
+// Secret's tls.crt and tls.key hold).
+func (c *CA) KeyPairPEM(cert tls.Certificate) (certPEM, keyPEM []byte) {
 	c.t.Helper()
-	dir := c.t.TempDir()
-	var chain []byte
 	for _, der := range cert.Certificate {
-		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+		certPEM = append(certPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
 	if err != nil {
 		c.t.Fatal(err)
 	}
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+}
+
+// IssueClient returns a client certificate for cn (ExtKeyUsageClientAuth),
+// signed by the CA, with its leaf set.
+func (c *CA) IssueClient(cn string) tls.Certificate {
+	c.t.Helper()
+	return c.issue(&x509.Certificate{Subject: pkix.Name{CommonName: cn}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+}
+
+// WriteKeyPair writes cert's chain and key as PEM files (tls.crt, tls.key,
+// cert-manager's names) to a fresh temporary folder and returns their paths.
+func (c *CA) WriteKeyPair(cert tls.Certificate) (certFile, keyFile string) {
+	c.t.Helper()
+	dir := c.t.TempDir()
+	chain, key := c.KeyPairPEM(cert)
 	certFile, keyFile = filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	if err := os.WriteFile(certFile, chain, 0o600); err != nil {
 		c.t.Fatal(err)
 	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
 		c.t.Fatal(err)
 	}
 	return certFile, keyFile
