@@ -57,14 +57,11 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		NATSURL: n.url,
 		ConnectNATS: func() (*nats.Conn, error) {
 			opts := []nats.Option{nats.Name("matbus-check"), nats.Timeout(5 * time.Second), nats.NoReconnect()}
-			if n.creds != "" {
-				opts = append(opts, nats.UserCredentials(n.creds))
-			}
-			tlsOpts, err := n.tlsOptions()
+			fileOpts, err := n.fileOptions(log)
 			if err != nil {
 				return nil, err
 			}
-			return nats.Connect(n.url, append(opts, tlsOpts...)...)
+			return nats.Connect(n.url, append(opts, fileOpts...)...)
 		},
 		Replicas:     n.replicas,
 		Options:      plan.Options{Namespace: w.namespace, ManagedBy: w.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: w.stateAnnotations},

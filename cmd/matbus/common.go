@@ -16,9 +16,12 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/client-go/kubernetes"
@@ -28,6 +31,7 @@ import (
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/redact"
+	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kuberate"
 )
@@ -100,12 +104,26 @@ func validURL(flagName, raw string) error {
 	return nil
 }
 
-// tlsOptions returns the nats.go options of the --nats-tls-* flags (none
-// when unset). It reads the files once to fail early with one clear error
-// naming the flag and the file (never their contents); nats.go reads them
-// again at each reconnect, so renewed certificates are picked up.
-func (o *natsOpts) tlsOptions() ([]nats.Option, error) {
+// fileOptions returns the nats.go options of --nats-creds and the
+// --nats-tls-* flags (none when unset). Each file is read here, so that an
+// unusable one is one clear error naming the flag and the file (never its
+// contents), and looked at again at every connect and reconnect
+// (internal/reload): renewed credentials, client certificates and CAs are
+// used from the next connection on, and a file that is missing or
+// half-written at that moment keeps the last good contents, with one
+// warning to log.
+func (o *natsOpts) fileOptions(log *slog.Logger) ([]nats.Option, error) {
 	var opts []nats.Option
+	if o.creds != "" {
+		creds, err := reload.Open(reload.Config[natsCreds]{Paths: []string{o.creds}, Name: "--nats-creds " + o.creds,
+			Parse: func(data ...[]byte) (natsCreds, error) { return parseNATSCreds(data[0]) }, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, natsCredsOption(creds))
+	}
+	var certCB nats.TLSCertHandler
+	var rootsCB nats.RootCAsHandler
 	if o.tlsCA != "" {
 		pem, err := os.ReadFile(o.tlsCA)
 		if err != nil {
@@ -114,15 +132,97 @@ func (o *natsOpts) tlsOptions() ([]nats.Option, error) {
 		if !x509.NewCertPool().AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("--nats-tls-ca %s: no PEM certificate in the file", o.tlsCA)
 		}
-		opts = append(opts, nats.RootCAs(o.tlsCA))
+		// The file's CAs alone, as nats.RootCAs.
+		roots, err := reload.NewRoots(reload.RootsConfig{Path: o.tlsCA, Name: "--nats-tls-ca " + o.tlsCA, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		rootsCB = func() (*x509.CertPool, error) {
+			roots.Reload()
+			return roots.Pool(), nil
+		}
 	}
 	if o.tlsCert != "" {
 		if _, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey); err != nil {
 			return nil, fmt.Errorf("--nats-tls-cert %s and --nats-tls-key %s are not a usable certificate and key: %w", o.tlsCert, o.tlsKey, err)
 		}
-		opts = append(opts, nats.ClientCert(o.tlsCert, o.tlsKey))
+		pair, err := reload.NewKeyPair(reload.KeyPairConfig{CertFile: o.tlsCert, KeyFile: o.tlsKey,
+			Name: "--nats-tls-cert " + o.tlsCert + " and --nats-tls-key " + o.tlsKey, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		certCB = func() (tls.Certificate, error) { return pair.Current(), nil }
+	}
+	if certCB != nil || rootsCB != nil {
+		// nats.go calls both at every connect, as its RootCAs and
+		// ClientCert options do with their files.
+		opts = append(opts, nats.ClientTLSConfig(certCB, rootsCB))
 	}
 	return opts, nil // a tls:// URL alone means TLS with the system's roots (nats.go)
+}
+
+// natsCreds is a NATS credentials file as it was last read whole: the
+// user JWT and the seed of the user's key.
+type natsCreds struct {
+	jwt  string
+	seed []byte
+}
+
+// parseNATSCreds takes a .creds file only when it is whole: a user JWT
+// that decodes and the seed of the user it names. Errors never quote the
+// contents.
+func parseNATSCreds(data []byte) (natsCreds, error) {
+	token, err := nkeys.ParseDecoratedJWT(data)
+	if err != nil {
+		return natsCreds{}, fmt.Errorf("no user JWT: %w", err)
+	}
+	claims, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return natsCreds{}, errors.New("the user JWT does not decode (is the file whole?)")
+	}
+	kp, err := nkeys.ParseDecoratedNKey(data)
+	if err != nil {
+		return natsCreds{}, errors.New("no user seed that parses (is the file whole?)")
+	}
+	defer kp.Wipe()
+	pub, err := kp.PublicKey()
+	if err != nil {
+		return natsCreds{}, errors.New("the user seed gives no public key")
+	}
+	if pub != claims.Subject {
+		return natsCreds{}, fmt.Errorf("the seed is not the key of the JWT's user %s", claims.Subject)
+	}
+	seed, err := kp.Seed()
+	if err != nil {
+		return natsCreds{}, errors.New("the user seed does not parse")
+	}
+	// A copy: Wipe clears the key pair's own.
+	return natsCreds{jwt: token, seed: append([]byte(nil), seed...)}, nil
+}
+
+// natsCredsOption authenticates with the credentials as they are at each
+// connect: the JWT and the seed that signs the server's nonce come from
+// the same reading of the file.
+func natsCredsOption(f *reload.File[natsCreds]) nats.Option {
+	var cur atomic.Pointer[natsCreds]
+	return nats.UserJWT(func() (string, error) {
+		f.Reload()
+		c := f.Get()
+		cur.Store(&c)
+		return c.jwt, nil
+	}, func(nonce []byte) ([]byte, error) {
+		c := cur.Load()
+		if c == nil {
+			c0 := f.Get()
+			c = &c0
+		}
+		kp, err := nkeys.FromSeed(c.seed)
+		if err != nil {
+			return nil, fmt.Errorf("nats credentials: %w", err)
+		}
+		defer kp.Wipe()
+		return kp.Sign(nonce)
+	})
 }
 
 // connect dials NATS and keeps reconnecting forever; name identifies the
@@ -130,7 +230,7 @@ func (o *natsOpts) tlsOptions() ([]nats.Option, error) {
 // (comma separated): nats.go picks one at random and fails over to the
 // others, and learns the rest of the cluster from the server it joins.
 func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
-	tlsOpts, err := o.tlsOptions()
+	fileOpts, err := o.fileOptions(log)
 	if err != nil {
 		return nil, err
 	}
@@ -173,10 +273,7 @@ func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 			}
 		}),
 	}
-	if o.creds != "" {
-		opts = append(opts, nats.UserCredentials(o.creds))
-	}
-	opts = append(opts, tlsOpts...)
+	opts = append(opts, fileOpts...)
 	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", redact.StripUserInfo(c.ConnectedUrl())) }))
 	nc, err := nats.Connect(o.url, opts...)
 	if err != nil {
