@@ -1,8 +1,8 @@
 package main
 
 import (
-	"fmt"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
