@@ -75,7 +75,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		NewClient:      func(url string) (operator.StatusClient, error) { return matclient.New(url, mcfg) },
 		Log:            log,
 	}
-	if rc, err := k.restConfig(); err != nil {
+	if rc, err := k.restConfig(ctx, log); err != nil {
 		cfg.KubeErr = err
 	} else {
 		cfg.KubeHost = rc.Host

@@ -30,6 +30,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/kubetls"
 	"github.com/matbus/matbus/internal/redact"
 	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
@@ -398,8 +399,12 @@ func (o *kubeOpts) validate() error {
 }
 
 // restConfig returns the client configuration from --kubeconfig or the
-// in-cluster environment.
-func (o *kubeOpts) restConfig() (*rest.Config, error) {
+// in-cluster environment. The CA file and client certificate files it
+// names are kept current until ctx ends (kubetls: a rotated CA or
+// certificate is used from the next connection on, a bad file keeps the
+// last good one with a warning to log); a token file is client-go's to
+// re-read (at most a minute after it changes).
+func (o *kubeOpts) restConfig(ctx context.Context, log *slog.Logger) (*rest.Config, error) {
 	var cfg *rest.Config
 	var err error
 	if o.kubeconfig != "" {
@@ -417,6 +422,9 @@ func (o *kubeOpts) restConfig() (*rest.Config, error) {
 		}
 	}
 	if err != nil {
+		return nil, fmt.Errorf("kubernetes config: %w", err)
+	}
+	if _, err := kubetls.Apply(ctx, cfg, log); err != nil {
 		return nil, fmt.Errorf("kubernetes config: %w", err)
 	}
 	o.apply(cfg)

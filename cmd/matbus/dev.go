@@ -175,7 +175,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 	var cfg *rest.Config
 	kubeconfig := k.kubeconfig
 	if kubeconfig != "" {
-		if cfg, err = k.restConfig(); err != nil {
+		if cfg, err = k.restConfig(ctx, log); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "Kubernetes               %s (from %s)\n", cfg.Host, kubeconfig)

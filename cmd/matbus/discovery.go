@@ -180,7 +180,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	log = log.With("component", "discovery")
 	var kube kubernetes.Interface
 	if !o.isStatic() || o.leaderElect {
-		cfg, err := k.restConfig()
+		cfg, err := k.restConfig(ctx, log)
 		if err == nil {
 			cfg.UserAgent = kubeUserAgent("discovery", cmp.Or(o.ident, hostname()))
 		}

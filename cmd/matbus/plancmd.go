@@ -67,7 +67,7 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
-	cfg, err := k.restConfig()
+	cfg, err := k.restConfig(ctx, log)
 	if err != nil {
 		return err
 	}

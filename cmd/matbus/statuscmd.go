@@ -62,7 +62,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	cfg := operator.StatusConfig{Bus: bus, ManagedBy: w.managedBy, SourcesURL: sourcesURL, ErrorsSince: since}
-	if rc, err := k.restConfig(); err != nil {
+	if rc, err := k.restConfig(ctx, log); err != nil {
 		cfg.KubeErr = err
 	} else if cfg.Kube, err = kubeClient(rc); err != nil {
 		cfg.KubeErr = err

@@ -276,7 +276,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err := o.loadMatRoots(log); err != nil {
 		return err
 	}
-	cfg, err := k.restConfig()
+	cfg, err := k.restConfig(ctx, log)
 	if err != nil {
 		return err
 	}

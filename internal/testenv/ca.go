@@ -134,11 +134,12 @@ func (c *CA) KeyPairPEM(cert tls.Certificate) (certPEM, keyPEM []byte) {
 	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
 }
 
-// IssueClient returns a client certificate for cn (ExtKeyUsageClientAuth),
-// signed by the CA, with its leaf set.
-func (c *CA) IssueClient(cn string) tls.Certificate {
+// IssueClient returns a client certificate for cn in the organizations
+// orgs (Kubernetes takes them as user name and groups), signed by the CA,
+// with its leaf set.
+func (c *CA) IssueClient(cn string, orgs ...string) tls.Certificate {
 	c.t.Helper()
-	return c.issue(&x509.Certificate{Subject: pkix.Name{CommonName: cn}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	return c.issue(&x509.Certificate{Subject: pkix.Name{CommonName: cn, Organization: orgs}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 }
 
 // WriteKeyPair writes cert's chain and key as PEM files (tls.crt, tls.key,
