@@ -54,15 +54,15 @@ type natsOpts struct {
 
 func (o *natsOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.url, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated")
-	fs.StringVar(&o.creds, "nats-creds", "", "path of a NATS credentials file (.creds), if the server needs one")
+	fs.StringVar(&o.creds, "nats-creds", "", "path of a NATS credentials file (.creds), if the server needs one; read again at each connect and reconnect (a missing or half-written file keeps the last good credentials, with a warning)")
 	fs.StringVar(&o.prefix, "subject-prefix", events.DefaultPrefix, "first token(s) of every matbus subject")
 }
 
 // registerTLS adds the TLS flags of commands that connect to a NATS of the
 // operator's (not dev's embedded server).
 func (o *natsOpts) registerTLS(fs *flag.FlagSet) {
-	fs.StringVar(&o.tlsCA, "nats-tls-ca", "", "PEM file of the CA(s) that signed the NATS servers' certificates (default: the system's roots); setting it turns TLS on")
-	fs.StringVar(&o.tlsCert, "nats-tls-cert", "", "PEM file of the client certificate for NATS servers that verify clients (with --nats-tls-key); re-read at each reconnect")
+	fs.StringVar(&o.tlsCA, "nats-tls-ca", "", "PEM file of the CA(s) that signed the NATS servers' certificates (default: the system's roots); setting it turns TLS on; read again at each connect and reconnect (a missing or broken file keeps the last good CAs, with a warning)")
+	fs.StringVar(&o.tlsCert, "nats-tls-cert", "", "PEM file of the client certificate for NATS servers that verify clients (with --nats-tls-key); read again at each connect and reconnect, and taken once the key matches (until then the last good pair is used, with a warning)")
 	fs.StringVar(&o.tlsKey, "nats-tls-key", "", "PEM file of the private key of --nats-tls-cert")
 }
 
@@ -366,7 +366,7 @@ const (
 )
 
 func (o *kubeOpts) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration. The CA and client certificate files it names (and the in-cluster ca.crt) are re-read when they change and used from the next connection on; a token file is re-read by client-go; the kubeconfig itself is read once")
 	fs.StringVar(&o.rate, "kube-rate", kubeRateAdaptive, "client-side limit of Kubernetes API requests, per process: "+
 		"adaptive (a rate from --kube-qps up to --kube-qps-max and a limit of requests in flight up to --kube-max-inflight, "+
 		"raised while the API server answers fast, cut on 429, Retry-After, 502/503/504 and rising write latency; see docs/adr/0022-adaptive-kube-rate.md) "+

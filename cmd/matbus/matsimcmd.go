@@ -49,7 +49,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	fs.StringVar(&listen, "listen", "127.0.0.1:1266", "address to listen on")
 	fs.StringVar(&fixture, "fixture", "", "serve this status file byte for byte instead of a generated fleet")
 	fs.BoolVar(&tls, "tls", false, "serve HTTPS with a self-signed certificate made at start (as MAT does)")
-	fs.StringVar(&certFile, "tls-cert-file", "", "serve HTTPS with this PEM certificate chain instead (e.g. a cert-manager Secret's tls.crt); needs --tls-key-file")
+	fs.StringVar(&certFile, "tls-cert-file", "", "serve HTTPS with this PEM certificate chain instead (e.g. a cert-manager Secret's tls.crt); needs --tls-key-file; a renewed pair is served from the next TLS handshake")
 	fs.StringVar(&keyFile, "tls-key-file", "", "PEM private key of --tls-cert-file (e.g. tls.key)")
 	fs.BoolVar(&legacy, "legacy", false, "serve the legacy schema (machines[] only)")
 	fs.BoolVar(&etag, "etag", true, "send a strong ETag per body and answer a matching If-None-Match with 304 Not Modified (false: a MAT without conditional requests, body rendered per request)")
