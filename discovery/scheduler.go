@@ -102,7 +102,8 @@ type SchedulerStats struct {
 // <prefix>.results.<key>. Repeated fetch failures take an instance out
 // of rotation (an error event), after which it is probed at a growing,
 // capped interval until a fetch succeeds (another error event says it
-// recovered). An instance whose last good sync is older than
+// recovered), or at once when a worker hints that the cause may be gone
+// (events.OutcomeRetry: its MAT CA bundle changed). An instance whose last good sync is older than
 // SyncInterval + PollInterval is counted and logged as overdue.
 //
 // It is safe for concurrent use; Run drives it.
@@ -216,6 +217,17 @@ func (s *Scheduler) Result(r events.SyncResult) {
 	defer s.mu.Unlock()
 	s.stats.Results[r.Outcome]++
 	e, ok := s.inst[r.Key]
+	if ok && r.Outcome == events.OutcomeRetry {
+		// A worker's hint that the failures' cause may be gone: a failing
+		// instance (out of rotation or on its way) is probed now rather
+		// than at its backoff. A job out already is that probe.
+		if e.fails > 0 && !e.inflight && e.due.After(now) {
+			s.log.Info("probing a failing instance at once: a worker's trust in MAT changed", "instance", e.key, "worker", r.Worker, "failures", e.fails)
+			e.due = now
+			s.poke()
+		}
+		return
+	}
 	if !ok || !e.inflight || r.JobID != e.jobID {
 		return // an instance no longer scheduled, or a result of an older job
 	}

@@ -565,3 +565,41 @@ func TestSchedulerStretchOnTheBus(t *testing.T) {
 		}
 	}
 }
+
+// A retry hint (a worker's trust in MAT changed) probes a failing
+// instance at once instead of at its backoff (here a minute away); a hint
+// for a healthy instance, or one whose job is out, changes nothing.
+func TestSchedulerRetryHintProbesAtOnce(t *testing.T) {
+	b := newBus(t)
+	var mu sync.Mutex
+	failing := true
+	f := runFakeWorkers(t, b, func(job events.SyncJob, _ string) *events.SyncResult {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing && job.Key == "ns.bad" {
+			return &events.SyncResult{Outcome: events.OutcomeFetchFailed, Error: "x509: certificate signed by unknown authority"}
+		}
+		return &events.SyncResult{Outcome: events.OutcomeSynced}
+	})
+	s := runScheduler(t, b, SchedulerConfig{PollInterval: 30 * time.Second, SyncInterval: time.Hour,
+		FailuresBeforeBackoff: 1, ProbeMaxInterval: time.Hour}, nil)
+	s.Set([]string{"ns.bad", "ns.good"})
+	eventually(t, "out of rotation", func() bool { return s.Stats().OutOfRotation == 1 })
+	eventually(t, "both first jobs", func() bool { return len(f.keysOf("ns.good")) == 1 })
+	mu.Lock()
+	failing = false
+	mu.Unlock()
+	for _, key := range []string{"ns.bad", "ns.good", "ns.unknown"} {
+		if err := b.PublishResult("hint-"+key, events.SyncResult{Key: key, Outcome: events.OutcomeRetry, Worker: "w"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "an early probe and recovery", func() bool { return s.Stats().OutOfRotation == 0 })
+	if jobs := f.keysOf("ns.bad"); len(jobs) != 2 || jobs[1].reason != events.ReasonProbe {
+		t.Errorf("jobs of the failing instance %+v, want its first and one probe", jobs)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := len(f.keysOf("ns.good")); n != 1 {
+		t.Errorf("the healthy instance got %d jobs, want 1: a hint does not poll it early", n)
+	}
+}

@@ -132,6 +132,12 @@ const (
 	OutcomeFetchFailed = "fetch-failed" // the status could not be fetched or decoded; nothing changed
 	OutcomeApplyFailed = "apply-failed" // fetched and planned, but some write failed
 	OutcomeSkipped     = "skipped"      // the instance is not present (gone or unknown)
+	// OutcomeRetry is no job's result (JobID is empty): a worker's hint
+	// that the cause of the instance's failed fetches may be gone (the
+	// MAT CA bundle it verifies with changed since it refused the
+	// instance's certificate). The scheduler probes a failing instance
+	// at once instead of at its backoff; older schedulers ignore it.
+	OutcomeRetry = "retry"
 )
 
 // SyncResult is what a worker reports after each sync job, on
@@ -139,7 +145,7 @@ const (
 // release the instance for its next job and to back off failing instances.
 type SyncResult struct {
 	Key string `json:"key"`
-	// JobID is the envelope id of the sync job.
+	// JobID is the envelope id of the sync job ("" with OutcomeRetry).
 	JobID string `json:"job_id"`
 	// Outcome is one of the Outcome* constants.
 	Outcome string `json:"outcome"`

@@ -116,6 +116,7 @@ func (w *Worker) applyInstance(ctx context.Context, typ events.Type, inst events
 		w.cache.Release(ctx, inst.Key)
 		w.memo.forget(inst.Key)
 		w.desired.forget(inst.Key)
+		w.refused.forget(inst.Key)
 		w.cfg.Metrics.forget(inst.Key)
 		w.log.Debug("instance gone", "instance", inst.Key, "url", inst.URL)
 	}

@@ -93,7 +93,8 @@ func (m *rotatingMAT) removeOne() []string {
 // Certificate first: MAT serves a certificate of a third CA before
 // the bundle has it. Fetches fail as an unknown authority (permanent), the
 // instance goes out of rotation and no Service changes. Once the bundle
-// holds the third CA, the next probe succeeds: a resolved event, and the
+// holds the third CA, the worker asks for an early probe (RetryRefused),
+// which succeeds: a resolved event, and the
 // device removed meanwhile loses its Service; the other Services keep
 // their UIDs. The bundle caught half-written on the way keeps the last
 // good CAs, with one warning.
@@ -166,6 +167,14 @@ func TestMATCARotationWithoutRestart(t *testing.T) {
 		t.Fatalf("%d Services while the certificate is refused, want %d (nothing changed)", n, len(want)+1)
 	}
 	bundle.Update(map[string][]byte{"ca.crt": append(append(append([]byte{}, ca1.PEM...), ca2.PEM...), ca3.PEM...)})
+	if !roots.Reload() {
+		t.Fatal("the swapped bundle was not taken")
+	}
+	// What the worker command does on the change: ask for an early probe
+	// of the instances whose certificate it refused.
+	if n := w.RetryRefused(e.ctx); n != 1 {
+		t.Errorf("RetryRefused asked for %d early probes, want 1 (the refused instance)", n)
+	}
 	waitFor(t, "a resolved fetch event", func() (bool, string) {
 		for _, x := range fetchErrors() {
 			if x.Resolved {

@@ -162,6 +162,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 	poll, err := fetchStatus(ctx, client, prev)
 	st, fp := poll.Status, poll.Fingerprint
 	w.cfg.Metrics.fetched(time.Since(fetchedAt))
+	w.refused.note(key, matclient.IsVerificationError(err))
 	if err != nil {
 		if ctx.Err() != nil {
 			return events.SyncResult{}, ctx.Err()

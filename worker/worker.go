@@ -149,6 +149,7 @@ type Worker struct {
 	holds        *holdView  // the hold records of the namespace (watchHolds)
 	kvMu         sync.Mutex
 	kv           jetstream.KeyValue // the state bucket, once bound (stateKV)
+	refused      refusedSet         // instances whose last fetch refused MAT's certificate
 
 	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }

@@ -49,6 +49,9 @@ type workerOpts struct {
 	// roots, matCAFile as loadMatRoots read it (and re-reads it when it
 	// changes) and what trustMatCerts added; nil means the system roots.
 	matRoots *reload.Roots
+	// matTrust receives a signal (without waiting) whenever matRoots
+	// takes new contents of matCAFile.
+	matTrust chan struct{}
 	// metrics, when set (runWorker), receives the worker's measurements.
 	metrics *worker.Metrics
 }
@@ -140,12 +143,39 @@ func (o *workerOpts) loadMatRoots(log *slog.Logger) error {
 	if err := checkReadable(label, o.matCAFile); err != nil {
 		return err
 	}
-	roots, err := reload.NewRoots(reload.RootsConfig{Path: o.matCAFile, Name: label, System: true, Log: log})
+	o.matTrust = make(chan struct{}, 1)
+	roots, err := reload.NewRoots(reload.RootsConfig{Path: o.matCAFile, Name: label, System: true, Log: log,
+		OnChange: func() {
+			select {
+			case o.matTrust <- struct{}{}:
+			default:
+			}
+		}})
 	if err != nil {
 		return err
 	}
 	o.matRoots = roots
 	return nil
+}
+
+// followMatTrust runs until ctx ends: it looks at --mat-ca-file every
+// second (so a change is seen while no MAT connection is made, e.g. while
+// every instance with a refused certificate waits for its next probe) and,
+// after each change, has w ask discovery to probe those instances at once
+// (Worker.RetryRefused). Without --mat-ca-file it returns at once.
+func (o *workerOpts) followMatTrust(ctx context.Context, w *worker.Worker) {
+	if o.matRoots == nil || o.matRoots.File() == nil {
+		return
+	}
+	go o.matRoots.File().Watch(ctx, reload.DefaultMinInterval)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-o.matTrust:
+			w.RetryRefused(ctx)
+		}
+	}
 }
 
 // trustMatCerts adds certs (dev: its simulators' self-signed
@@ -208,6 +238,9 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 		Events:         kev,
 		Hold:           o.holdRule(),
 	}, bus, kube, factory, rep, log)
+	if err == nil {
+		go o.followMatTrust(ctx, w)
+	}
 	return w, rep, err
 }
 
