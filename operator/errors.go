@@ -158,7 +158,7 @@ func WriteErrorEvent(w io.Writer, subject string, data []byte, asJSON bool) {
 		if ev, err = events.Into[events.Error](env, events.TypeError); err == nil {
 			var b strings.Builder
 			fmt.Fprintf(&b, "%s %-9s", env.Time.Format(time.RFC3339), ev.Kind)
-			for _, kv := range [][2]string{{"instance", ev.Instance}, {"service", ev.Service}, {"url", ev.URL}, {"mat_id", ev.MatID}, {"subject", ev.Subject}, {"worker", ev.Worker}} {
+			for _, kv := range [][2]string{{"instance", ev.Instance}, {"service", ev.Service}, {"url", ev.URL}, {"mat_id", ev.MatID}, {"subject", ev.Subject}, {"from", ev.Worker}} {
 				if kv[1] != "" {
 					fmt.Fprintf(&b, " %s=%s", kv[0], kv[1])
 				}

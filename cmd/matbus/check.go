@@ -31,7 +31,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 	n.register(fs)
 	n.registerTLS(fs)
 	n.registerReplicas(fs)
-	l.register(fs)
+	l.registerQuiet(fs)
 	k.register(fs)
 	w.register(fs)
 	d.register(fs)

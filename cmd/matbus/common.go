@@ -308,8 +308,15 @@ type logOpts struct {
 	fs            *flag.FlagSet
 }
 
-func (o *logOpts) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn or error")
+func (o *logOpts) register(fs *flag.FlagSet) { o.registerAt(fs, "info") }
+
+// registerQuiet registers the flags with the level warn by default: for the
+// commands whose output is a report (status, plan, check), so that no INFO
+// line of a connection stands above it.
+func (o *logOpts) registerQuiet(fs *flag.FlagSet) { o.registerAt(fs, "warn") }
+
+func (o *logOpts) registerAt(fs *flag.FlagSet, level string) {
+	fs.StringVar(&o.level, "log-level", level, "log level: debug, info, warn or error")
 	fs.StringVar(&o.format, "log-format", "text", "log format: text or json")
 	o.fs = fs
 }

@@ -29,7 +29,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	)
 	n.register(fs)
 	n.registerTLS(fs)
-	l.register(fs)
+	l.registerQuiet(fs)
 	k.register(fs)
 	w.register(fs)
 	fs.StringVar(&sourcesURL, "sources-url", "", "base URL of a discovery replica's sources API (its --source-list-addr, e.g. http://127.0.0.1:8090) for the PUBLISHED column; empty leaves it unknown")
