@@ -170,8 +170,13 @@ func TestStatus(t *testing.T) {
 	// The healthy instance's poll interval is stretched while matsim
 	// answers 304: anywhere from --poll-interval to --poll-max-interval.
 	pollText := regexp.MustCompile(`in \(poll ([2-5][0-9]{2}|600)ms\)`)
+	// The text form at the default log level: the report alone, no log
+	// line of its connections above it.
 	code, text, errOut := runArgs(t, nil, "status", "--nats-url", ns.ClientURL(), "--namespace", "default",
-		"--kubeconfig", c.Kubeconfig, "--sources-url", "http://"+sourcesAddr, "--log-level", "error")
+		"--kubeconfig", c.Kubeconfig, "--sources-url", "http://"+sourcesAddr)
+	if errOut != "" {
+		t.Errorf("status at the default log level wrote to stderr:\n%s", errOut)
+	}
 	t.Logf("status:\n%s", text)
 	lines := strings.Split(strings.TrimSpace(text), "\n")
 	if code != 0 || len(lines) != 6 || !strings.HasPrefix(lines[0], "INSTANCE ") ||
