@@ -2,6 +2,7 @@ package worker
 
 import (
 	"fmt"
+	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -96,4 +97,38 @@ func (w *Worker) foreignIPs(inst string, mine []*corev1.Service) map[string]stri
 		}
 		return out
 	})
+}
+
+// existing lists, from the informer cache, the Services of instance key plus
+// the old controller's Services (managed-by ours, no instance label) that
+// plan.Diff may adopt.
+//
+// Services of other instances that carry a desired name are added too, so
+// that Diff reports the name as taken (a collision) instead of planning a
+// create that can only fail.
+func (w *Worker) existing(key string, desired []*corev1.Service) ([]*corev1.Service, error) {
+	lister := w.services.Services(w.cfg.Plan.Namespace)
+	mine, err := w.indexed(plan.LabelValue(key))
+	if err != nil {
+		return nil, err
+	}
+	old, err := w.indexed(noInstanceLabel)
+	if err != nil {
+		return nil, err
+	}
+	out := append(mine, old...)
+	seen := make(map[string]bool, len(out))
+	for _, s := range out {
+		seen[s.Name] = true
+	}
+	for _, d := range desired {
+		if seen[d.Name] {
+			continue
+		}
+		if s, err := lister.Get(d.Name); err == nil {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
 }
