@@ -174,8 +174,8 @@ func TestChartKEDAScalesOnSyncConsumer(t *testing.T) {
 			t.Fatal(err)
 		}
 		// all-features-values.yaml puts the pipeline in namespace mat-lab.
-		if want := events.ConsumerName(events.SyncConsumer, "mat-lab"); md["stream"] != bus.StreamName("SYNC") || md["consumer"] != want {
-			t.Errorf("prefix %q: trigger on %s/%s, want %s/%s", prefix, md["stream"], md["consumer"], bus.StreamName("SYNC"), want)
+		if want := events.ConsumerName(events.SyncConsumer, "mat-lab"); md["stream"] != bus.StreamName(events.StreamSync) || md["consumer"] != want {
+			t.Errorf("prefix %q: trigger on %s/%s, want %s/%s", prefix, md["stream"], md["consumer"], bus.StreamName(events.StreamSync), want)
 		}
 		for _, k := range []string{"natsServerMonitoringEndpoint", "account", "lagThreshold"} {
 			if md[k] == "" {

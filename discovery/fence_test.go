@@ -220,7 +220,7 @@ func TestRunLeaderElectedTermFollowsTheLease(t *testing.T) {
 	if err := b.EnsureStreams(ctx); err != nil {
 		t.Fatal(err)
 	}
-	subj := b.Subjects.Instance("ns.x")
+	subj := b.Subjects().Instance("ns.x")
 	inst := events.Instance{Key: "ns.x", URL: "https://x:1", Scope: "t"}
 	if err := b.Publish(ctx, subj, events.TypeInstanceAppeared, "held", inst, term.PublishOptions()...); err != nil {
 		t.Fatalf("publish while held: %v", err)
@@ -312,7 +312,7 @@ func startLeading(t *testing.T, kube kubernetes.Interface, cfg LeaderConfig) (*T
 // margin it publishes nothing more (here: no gone event and no clean-up
 // job for an instance removed from the source) and steps down.
 func TestPublisherFencedByTerm(t *testing.T) {
-	b := newBus(t)
+	b, js := newBusJS(t)
 	clk := clocktesting.NewFakeClock(time.Unix(1_700_000_000, 0))
 	ctx, stop := context.WithCancelCause(context.Background())
 	defer stop(nil)
@@ -328,18 +328,18 @@ func TestPublisherFencedByTerm(t *testing.T) {
 		done <- NewPublisher(b, src, PublisherConfig{SyncInterval: time.Hour}, nil, nil).Run(withTerm(ctx, term))
 	}()
 	eventually(t, "both instances present", func() bool { return present(b, "ns.mat-0")() && present(b, "ns.mat-1")() })
-	eventually(t, "a sync job per instance", func() bool { return jobs(t, b, "SYNC", b.Subjects.SyncJobs()) == 2 })
+	eventually(t, "a sync job per instance", func() bool { return jobs(t, b, events.StreamSync, b.Subjects().SyncJobs()) == 2 })
 	want := *term.Epoch()
 	for _, key := range []string{"ns.mat-0", "ns.mat-1"} {
 		r, _, err := b.LastInstance(ctx, key)
 		if err != nil || r.Epoch == nil || *r.Epoch != want {
 			t.Errorf("%s: record epoch %v (%v), want %v", key, r.Epoch, err, want)
 		}
-		s, err := b.JS.Stream(ctx, b.StreamName("SYNC"))
+		s, err := js.Stream(ctx, b.StreamName(events.StreamSync))
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := s.GetLastMsgForSubject(ctx, b.Subjects.Sync(key))
+		m, err := s.GetLastMsgForSubject(ctx, b.Subjects().Sync(key))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -361,7 +361,7 @@ func TestPublisherFencedByTerm(t *testing.T) {
 	if !present(b, "ns.mat-1")() {
 		t.Error("a publisher whose term passed published mat-1 gone")
 	}
-	if n := jobs(t, b, "SYNC", b.Subjects.Cleanup("ns.mat-1")); n != 0 {
+	if n := jobs(t, b, events.StreamSync, b.Subjects().Cleanup("ns.mat-1")); n != 0 {
 		t.Errorf("a publisher whose term passed published %d clean-up jobs", n)
 	}
 	if c := context.Cause(ctx); !errors.Is(c, ErrNotLeading) {
@@ -384,7 +384,7 @@ func TestRecreatedLeaseStartsAboveStoredTerms(t *testing.T) {
 	other := &events.Epoch{Lease: "default/other", Term: 40, Leader: "x"}
 	for key, ep := range map[string]*events.Epoch{"ns.a": stored, "ns.b": other} {
 		inst := events.Instance{Key: key, URL: "https://x:1", Scope: "t"}
-		if err := b.Publish(ctx, b.Subjects.Instance(key), events.TypeInstanceGone, key, inst, events.WithEpoch(ep)); err != nil {
+		if err := b.Publish(ctx, b.Subjects().Instance(key), events.TypeInstanceGone, key, inst, events.WithEpoch(ep)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -82,7 +82,7 @@ func TestKubeSourceWithoutWatch(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var seen []string
-	if _, err := nc.Subscribe(bus.Subjects.Error(events.ErrorWatch), func(m *nats.Msg) {
+	if _, err := nc.Subscribe(bus.Subjects().Error(events.ErrorWatch), func(m *nats.Msg) {
 		env, err := events.Decode(m.Data)
 		if err == nil {
 			var e events.Error

@@ -9,8 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/matbus/matbus/events"
 )
 
@@ -208,7 +206,7 @@ func (p *Publisher) reconcile(ctx context.Context, term *Term, syncReason string
 		// idempotently, and a sync job for each.
 		if changed || syncReason == "start" {
 			id := fmt.Sprintf("appeared:%s:%s:%d", inst.Key, inst.Version, rec.Seq)
-			if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, id, inst, expect(inst.Key, rec.Seq)...); err != nil {
+			if err := p.bus.Publish(ctx, p.bus.Subjects().Instance(inst.Key), events.TypeInstanceAppeared, id, inst, expect(inst.Key, rec.Seq)...); err != nil {
 				published = false
 				p.publishFailed(ctx, inst.Key, "appeared", err)
 				continue
@@ -231,14 +229,14 @@ func (p *Publisher) reconcile(ctx context.Context, term *Term, syncReason string
 			continue
 		}
 		id := fmt.Sprintf("gone:%s:%d", key, rec.Seq)
-		if err := p.bus.Publish(ctx, p.bus.Subjects.Instance(key), events.TypeInstanceGone, id, rec.Instance, expect(key, rec.Seq)...); err != nil {
+		if err := p.bus.Publish(ctx, p.bus.Subjects().Instance(key), events.TypeInstanceGone, id, rec.Instance, expect(key, rec.Seq)...); err != nil {
 			published = false
 			p.publishFailed(ctx, key, "gone", err)
 			continue
 		}
 		p.log.Info("instance gone", "instance", key, "url", rec.Instance.URL)
 		job := events.CleanupJob{Key: key, Scope: scope}
-		if err := p.bus.Publish(ctx, p.bus.Subjects.Cleanup(key), events.TypeCleanupJob, fmt.Sprintf("cleanup:%s:%d", key, rec.Seq), job, fenced...); err != nil {
+		if err := p.bus.Publish(ctx, p.bus.Subjects().Cleanup(key), events.TypeCleanupJob, fmt.Sprintf("cleanup:%s:%d", key, rec.Seq), job, fenced...); err != nil {
 			published = false
 			p.publishFailed(ctx, key, "clean-up job", err)
 		}
@@ -273,11 +271,7 @@ func (p *Publisher) fail(ctx context.Context, key, msg string) {
 
 // purge removes the stored record of key from the instances stream.
 func (p *Publisher) purge(ctx context.Context, key string) {
-	s, err := p.bus.JS.Stream(ctx, p.bus.StreamName("INSTANCES"))
-	if err == nil {
-		err = s.Purge(ctx, jetstream.WithPurgeSubject(p.bus.Subjects.Instance(key)))
-	}
-	if err != nil {
+	if err := p.bus.PurgeInstance(ctx, key); err != nil {
 		p.fail(ctx, key, fmt.Sprintf("purge unreadable instance record: %v", err))
 		return
 	}

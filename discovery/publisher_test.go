@@ -13,11 +13,24 @@ import (
 
 func newBus(t *testing.T) *events.Bus {
 	t.Helper()
-	b, err := events.New(testenv.NATS(t), events.Config{Memory: true}, nil)
+	b, _ := newBusJS(t)
+	return b
+}
+
+// newBusJS returns a bus on a fresh embedded NATS server and a JetStream
+// handle on the same connection, for tests that reach past the bus.
+func newBusJS(t *testing.T) (*events.Bus, jetstream.JetStream) {
+	t.Helper()
+	nc := testenv.NATS(t)
+	b, err := events.New(nc, events.Config{Memory: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, js
 }
 
 func runPublisher(t *testing.T, b *events.Bus, src Source, interval time.Duration) context.CancelFunc {
@@ -60,21 +73,13 @@ func gone(b *events.Bus, key string) func() bool {
 }
 
 // jobs counts the messages waiting on a subject filter of a stream.
-func jobs(t *testing.T, b *events.Bus, stream, filter string) uint64 {
+func jobs(t *testing.T, b *events.Bus, stream events.Role, filter string) uint64 {
 	t.Helper()
-	s, err := b.JS.Stream(context.Background(), b.StreamName(stream))
+	n, err := b.StoredMessages(context.Background(), stream, filter)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.Info(context.Background(), jetstream.WithSubjectFilter(filter))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
-	}
-	return n
+	return uint64(n)
 }
 
 func TestPublisherAppearedGoneAndJobs(t *testing.T) {
@@ -85,7 +90,7 @@ func TestPublisherAppearedGoneAndJobs(t *testing.T) {
 	}
 	runPublisher(t, b, src, time.Hour)
 	eventually(t, "both instances present", func() bool { return present(b, "ns.mat-0")() && present(b, "ns.mat-1")() })
-	eventually(t, "a sync job per instance", func() bool { return jobs(t, b, "SYNC", b.Subjects.SyncJobs()) == 2 })
+	eventually(t, "a sync job per instance", func() bool { return jobs(t, b, events.StreamSync, b.Subjects().SyncJobs()) == 2 })
 
 	// A URL change is a new appeared event with the new URL.
 	if err := src.Set([]StaticEntry{{Namespace: "ns", Name: "mat-0", URL: "https://a2:1266"}, {Namespace: "ns", Name: "mat-1", URL: "https://b:1266"}}); err != nil {
@@ -100,7 +105,7 @@ func TestPublisherAppearedGoneAndJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "mat-1 gone", gone(b, "ns.mat-1"))
-	eventually(t, "clean-up job", func() bool { return jobs(t, b, "SYNC", b.Subjects.Cleanup("ns.mat-1")) == 1 })
+	eventually(t, "clean-up job", func() bool { return jobs(t, b, events.StreamSync, b.Subjects().Cleanup("ns.mat-1")) == 1 })
 	if !present(b, "ns.mat-0")() {
 		t.Fatal("mat-0 must stay present")
 	}
@@ -156,20 +161,20 @@ func TestPublisherScopes(t *testing.T) {
 }
 
 func TestPublisherTicksAndRepairsLostStream(t *testing.T) {
-	b := newBus(t)
+	b, js := newBusJS(t)
 	src, _ := NewStatic("t", []StaticEntry{{Namespace: "ns", Name: "mat-0", URL: "https://a:1266"}})
 	runPublisher(t, b, src, 300*time.Millisecond)
 	eventually(t, "present", present(b, "ns.mat-0"))
 	// The server lost the instances stream: the next tick re-announces.
-	if err := b.JS.DeleteStream(context.Background(), b.StreamName("INSTANCES")); err != nil {
+	if err := js.DeleteStream(context.Background(), b.StreamName(events.StreamInstances)); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "present again after the stream was lost", present(b, "ns.mat-0"))
 	// The scheduler keeps one sync job out per instance: without a
 	// worker's result, no second one follows, however many intervals pass.
-	eventually(t, "a sync job", func() bool { return jobs(t, b, "SYNC", b.Subjects.Sync("ns.mat-0")) == 1 })
+	eventually(t, "a sync job", func() bool { return jobs(t, b, events.StreamSync, b.Subjects().Sync("ns.mat-0")) == 1 })
 	time.Sleep(time.Second)
-	if n := jobs(t, b, "SYNC", b.Subjects.Sync("ns.mat-0")); n != 1 {
+	if n := jobs(t, b, events.StreamSync, b.Subjects().Sync("ns.mat-0")); n != 1 {
 		t.Fatalf("%d sync jobs waiting for one instance without results, want 1", n)
 	}
 }
@@ -199,13 +204,13 @@ func TestStaticParsing(t *testing.T) {
 // so workers stop reporting it; garbage where the source has an instance is
 // overwritten by a good record.
 func TestPublisherPurgesUnreadableRecords(t *testing.T) {
-	b := newBus(t)
+	b, js := newBusJS(t)
 	ctx := context.Background()
 	if err := b.EnsureStreams(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for _, subj := range []string{b.Subjects.Instance("ns.junk"), b.Subjects.Instance("ns.mat-0")} {
-		if _, err := b.JS.Publish(ctx, subj, []byte("garbage")); err != nil {
+	for _, subj := range []string{b.Subjects().Instance("ns.junk"), b.Subjects().Instance("ns.mat-0")} {
+		if _, err := js.Publish(ctx, subj, []byte("garbage")); err != nil {
 			t.Fatal(err)
 		}
 	}

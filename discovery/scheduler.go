@@ -451,7 +451,7 @@ func (s *Scheduler) dispatch(ctx context.Context, term *Term) time.Duration {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			err := s.bus.Publish(ctx, s.bus.Subjects.Sync(it.key), events.TypeSyncJob, it.id, events.SyncJob{Key: it.key, Reason: it.reason}, fenced...)
+			err := s.bus.Publish(ctx, s.bus.Subjects().Sync(it.key), events.TypeSyncJob, it.id, events.SyncJob{Key: it.key, Reason: it.reason}, fenced...)
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if err != nil {

@@ -165,7 +165,7 @@ func TestSchedulerOneJobOutPerInstance(t *testing.T) {
 // Failed fetches take an instance out of rotation (an error event), probes
 // follow at growing intervals, and a good fetch brings it back (another event).
 func TestSchedulerBacksOffFailingInstance(t *testing.T) {
-	b := newBus(t)
+	b, js := newBusJS(t)
 	var mu sync.Mutex
 	failing := true
 	f := runFakeWorkers(t, b, func(job events.SyncJob, _ string) *events.SyncResult {
@@ -176,7 +176,7 @@ func TestSchedulerBacksOffFailingInstance(t *testing.T) {
 		}
 		return &events.SyncResult{Outcome: events.OutcomeUnchanged}
 	})
-	errs := collectErrors(t, b)
+	errs := collectErrors(t, js.Conn(), b)
 	rep := events.NewReporter(b, nil, "test", time.Millisecond)
 	s := runScheduler(t, b, SchedulerConfig{PollInterval: 20 * time.Millisecond, SyncInterval: time.Hour,
 		FailuresBeforeBackoff: 3, ProbeMaxInterval: 400 * time.Millisecond}, rep)
@@ -279,10 +279,10 @@ func (l *errorLog) has(instance, text string) bool {
 	return false
 }
 
-func collectErrors(t *testing.T, b *events.Bus) *errorLog {
+func collectErrors(t *testing.T, nc *nats.Conn, b *events.Bus) *errorLog {
 	t.Helper()
 	l := &errorLog{}
-	sub, err := b.JS.Conn().Subscribe(b.Subjects.Errors(), func(m *nats.Msg) {
+	sub, err := nc.Subscribe(b.Subjects().Errors(), func(m *nats.Msg) {
 		env, err := events.Decode(m.Data)
 		if err != nil {
 			return

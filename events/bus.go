@@ -130,8 +130,8 @@ func ConsumerName(role, ns string) string {
 // Bus is matbus's handle on JetStream: layout, publishing and reads of the
 // instance stream. It is safe for concurrent use.
 type Bus struct {
-	JS       jetstream.JetStream
-	Subjects Subjects
+	js       jetstream.JetStream
+	subjects Subjects
 	cfg      Config
 	log      *slog.Logger
 
@@ -186,18 +186,34 @@ func New(nc *nats.Conn, cfg Config, log *slog.Logger) (*Bus, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Bus{JS: js, Subjects: Subjects{Prefix: cfg.Prefix}, cfg: cfg, log: log,
+	return &Bus{js: js, subjects: Subjects{Prefix: cfg.Prefix}, cfg: cfg, log: log,
 		published: map[Type]int64{}, failed: map[Type]int64{}, refused: map[string]string{}}, nil
 }
 
 // Config returns the effective configuration (defaults filled in).
 func (b *Bus) Config() Config { return b.cfg }
 
-// StreamName returns the stream name for a role ("INSTANCES", "SYNC",
-// "DELETE", "ERRORS") under this bus's prefix, e.g. "MAT_SYNC".
-func (b *Bus) StreamName(role string) string {
+// Subjects returns the subject names under this bus's prefix.
+func (b *Bus) Subjects() Subjects { return b.subjects }
+
+// Role names one of matbus's streams (or its state bucket) independently
+// of the subject prefix; StreamName turns it into the name on the server.
+type Role string
+
+// The stream roles, and the state bucket's.
+const (
+	StreamInstances Role = "INSTANCES" // last instance event per instance
+	StreamSync      Role = "SYNC"      // sync and clean-up jobs (work queue)
+	StreamDelete    Role = "DELETE"    // Service delete jobs (work queue)
+	StreamErrors    Role = "ERRORS"    // error events (limits)
+	BucketState     Role = "STATE"     // the discovery leader's key-value bucket (its stream is KV_<name>)
+)
+
+// StreamName returns the name of the stream (or bucket) of role under this
+// bus's prefix, e.g. "MAT_SYNC" for StreamSync under prefix "mat".
+func (b *Bus) StreamName(role Role) string {
 	p := strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(b.cfg.Prefix))
-	return p + "_" + role
+	return p + "_" + string(role)
 }
 
 // StreamConfigs returns the four stream configurations:
@@ -209,26 +225,26 @@ func (b *Bus) StreamConfigs() []jetstream.StreamConfig {
 	if b.cfg.Memory {
 		st = jetstream.MemoryStorage
 	}
-	s := b.Subjects
+	s := b.subjects
 	return []jetstream.StreamConfig{
 		{
-			Name: b.StreamName("INSTANCES"), Description: "matbus: current MAT instances, last event per instance",
+			Name: b.StreamName(StreamInstances), Description: "matbus: current MAT instances, last event per instance",
 			Subjects: []string{s.Instances()}, Retention: jetstream.LimitsPolicy, MaxMsgsPerSubject: 1,
 			Discard: jetstream.DiscardOld, Storage: st, Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
 		},
 		{
-			Name: b.StreamName("SYNC"), Description: "matbus: sync and clean-up jobs, each to one worker",
+			Name: b.StreamName(StreamSync), Description: "matbus: sync and clean-up jobs, each to one worker",
 			Subjects: []string{s.SyncJobs(), s.CleanupJobs()}, Retention: jetstream.WorkQueuePolicy,
 			MaxMsgsPerSubject: b.cfg.SyncJobsPerInstance, Discard: jetstream.DiscardOld,
 			Storage: st, Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
 		},
 		{
-			Name: b.StreamName("DELETE"), Description: "matbus: Service delete jobs, each to one worker",
+			Name: b.StreamName(StreamDelete), Description: "matbus: Service delete jobs, each to one worker",
 			Subjects: []string{s.DeleteJobs()}, Retention: jetstream.WorkQueuePolicy,
 			Discard: jetstream.DiscardOld, Storage: st, Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
 		},
 		{
-			Name: b.StreamName("ERRORS"), Description: "matbus: error events for operators",
+			Name: b.StreamName(StreamErrors), Description: "matbus: error events for operators",
 			Subjects: []string{s.Errors()}, Retention: jetstream.LimitsPolicy, MaxAge: b.cfg.ErrorMaxAge,
 			MaxBytes: b.cfg.ErrorMaxBytes, Discard: jetstream.DiscardOld, Storage: st,
 			Replicas: b.cfg.Replicas, Duplicates: b.cfg.DuplicateWindow,
@@ -256,9 +272,9 @@ func (b *Bus) EnsureStreams(ctx context.Context) error {
 }
 
 func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
-	s, err := b.JS.Stream(ctx, want.Name)
+	s, err := b.js.Stream(ctx, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		_, err = b.JS.CreateStream(ctx, want)
+		_, err = b.js.CreateStream(ctx, want)
 		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 			return nil // another process won the race
 		}
@@ -285,7 +301,7 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 	if streamSame(have, want) {
 		return nil
 	}
-	if _, err := b.JS.UpdateStream(ctx, want); err != nil {
+	if _, err := b.js.UpdateStream(ctx, want); err != nil {
 		err = replicasErr(err, want.Replicas, have.Replicas)
 		if !errors.Is(err, ErrReplicas) || have.Replicas == want.Replicas {
 			return fmt.Errorf("events: update stream %s: %w", want.Name, err)
@@ -298,7 +314,7 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 		if streamSame(have, keep) {
 			return nil
 		}
-		if _, err := b.JS.UpdateStream(ctx, keep); err != nil {
+		if _, err := b.js.UpdateStream(ctx, keep); err != nil {
 			return fmt.Errorf("events: update stream %s: %w", want.Name, err)
 		}
 		b.log.Info("stream updated", "stream", want.Name, "replicas", have.Replicas)
@@ -408,9 +424,9 @@ func (b *Bus) ConsumerConfig(role string) jetstream.ConsumerConfig {
 	if ns != "" {
 		cfg.Description = "matbus workers of namespace " + ns + " share these jobs"
 		if role == DeleteConsumer {
-			cfg.FilterSubjects = []string{b.Subjects.DeleteJobsIn(ns)}
+			cfg.FilterSubjects = []string{b.subjects.DeleteJobsIn(ns)}
 		} else {
-			cfg.FilterSubjects = []string{b.Subjects.SyncJobsIn(ns), b.Subjects.CleanupJobsIn(ns)}
+			cfg.FilterSubjects = []string{b.subjects.SyncJobsIn(ns), b.subjects.CleanupJobsIn(ns)}
 		}
 	}
 	return cfg
@@ -419,9 +435,9 @@ func (b *Bus) ConsumerConfig(role string) jetstream.ConsumerConfig {
 // consumerStream is the stream of role's jobs.
 func (b *Bus) consumerStream(role string) string {
 	if role == DeleteConsumer {
-		return b.StreamName("DELETE")
+		return b.StreamName(StreamDelete)
 	}
-	return b.StreamName("SYNC")
+	return b.StreamName(StreamSync)
 }
 
 // EnsureConsumer returns the durable pull consumer of role (SyncConsumer
@@ -436,7 +452,7 @@ func (b *Bus) EnsureConsumer(ctx context.Context, role string) (jetstream.Consum
 	stream := b.consumerStream(role)
 	want := b.ConsumerConfig(role)
 	name := want.Durable
-	c, err := b.JS.Consumer(ctx, stream, name)
+	c, err := b.js.Consumer(ctx, stream, name)
 	if err == nil {
 		have := c.CachedInfo().Config
 		if have.AckWait == want.AckWait && have.MaxDeliver == want.MaxDeliver &&
@@ -444,7 +460,7 @@ func (b *Bus) EnsureConsumer(ctx context.Context, role string) (jetstream.Consum
 			slices.Equal(filters(have), filters(want)) {
 			return c, nil
 		}
-		c, err = b.JS.UpdateConsumer(ctx, stream, want)
+		c, err = b.js.UpdateConsumer(ctx, stream, want)
 		if err != nil {
 			return nil, fmt.Errorf("events: update consumer %s: %w", name, err)
 		}
@@ -458,7 +474,7 @@ func (b *Bus) EnsureConsumer(ctx context.Context, role string) (jetstream.Consum
 			return nil, err
 		}
 	}
-	c, err = b.JS.CreateOrUpdateConsumer(ctx, stream, want)
+	c, err = b.js.CreateOrUpdateConsumer(ctx, stream, want)
 	if err != nil {
 		return nil, fmt.Errorf("events: create consumer %s on %s: %w", name, stream, err)
 	}
@@ -469,7 +485,7 @@ func (b *Bus) EnsureConsumer(ctx context.Context, role string) (jetstream.Consum
 // removeUnfiltered deletes the consumer named role on stream if it has no
 // subject filter (it would take every namespace's jobs).
 func (b *Bus) removeUnfiltered(ctx context.Context, stream, role string) error {
-	old, err := b.JS.Consumer(ctx, stream, role)
+	old, err := b.js.Consumer(ctx, stream, role)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil
 	}
@@ -479,7 +495,7 @@ func (b *Bus) removeUnfiltered(ctx context.Context, stream, role string) error {
 	if len(filters(old.CachedInfo().Config)) > 0 {
 		return nil
 	}
-	if err := b.JS.DeleteConsumer(ctx, stream, role); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if err := b.js.DeleteConsumer(ctx, stream, role); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("events: remove unfiltered consumer %s on %s: %w", role, stream, err)
 	}
 	b.log.Warn("unfiltered job consumer removed: workers share jobs per namespace now", "stream", stream, "consumer", role)
@@ -592,7 +608,7 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, body []byte, o
 		if o.lastSeq != nil {
 			jopts = append(jopts, jetstream.WithExpectLastSequencePerSubject(*o.lastSeq))
 		}
-		_, err := b.JS.Publish(ctx, subject, body, jopts...)
+		_, err := b.js.Publish(ctx, subject, body, jopts...)
 		if err == nil {
 			return nil
 		}
@@ -643,11 +659,11 @@ func isWrongLastSeq(err error) bool {
 // lastMsgIs reports whether the last message stored on subject has
 // Nats-Msg-Id id.
 func (b *Bus) lastMsgIs(ctx context.Context, subject, id string) bool {
-	name, err := b.JS.StreamNameBySubject(ctx, subject)
+	name, err := b.js.StreamNameBySubject(ctx, subject)
 	if err != nil {
 		return false
 	}
-	s, err := b.JS.Stream(ctx, name)
+	s, err := b.js.Stream(ctx, name)
 	if err != nil {
 		return false
 	}
@@ -756,7 +772,7 @@ func (b *Bus) readInstance(ctx context.Context, key string) (rec InstanceRecord,
 	if err != nil {
 		return rec, false, err
 	}
-	m, err := s.GetLastMsgForSubject(ctx, b.Subjects.Instance(key))
+	m, err := s.GetLastMsgForSubject(ctx, b.subjects.Instance(key))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return rec, false, nil
 	}
@@ -784,7 +800,7 @@ func (b *Bus) instancesStream(ctx context.Context) (jetstream.Stream, error) {
 	if s != nil {
 		return s, nil
 	}
-	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	s, err := b.js.Stream(ctx, b.StreamName(StreamInstances))
 	if err != nil {
 		return nil, fmt.Errorf("events: instances stream: %w", err)
 	}
@@ -823,17 +839,17 @@ func decodeInstanceRecord(body []byte) (InstanceRecord, error) {
 // stream or its info cannot be read (jetstream.ErrStreamNotFound when no
 // discovery ever started under this prefix).
 func (b *Bus) InstanceNamespaces(ctx context.Context) ([]string, error) {
-	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	s, err := b.js.Stream(ctx, b.StreamName(StreamInstances))
 	if err != nil {
 		return nil, fmt.Errorf("events: instances stream: %w", err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.Instances()))
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.subjects.Instances()))
 	if err != nil {
 		return nil, fmt.Errorf("events: instances stream info: %w", err)
 	}
 	seen := map[string]bool{}
 	for subj := range info.State.Subjects {
-		if ns, _, ok := strings.Cut(strings.TrimPrefix(subj, b.Subjects.p()+".instances."), "."); ok && ns != "" {
+		if ns, _, ok := strings.Cut(strings.TrimPrefix(subj, b.subjects.p()+".instances."), "."); ok && ns != "" {
 			seen[ns] = true
 		}
 	}
@@ -850,11 +866,11 @@ func (b *Bus) InstanceNamespaces(ctx context.Context) ([]string, error) {
 // instance key. Records that do not decode are skipped and their keys
 // returned in bad, so the caller can report them.
 func (b *Bus) Instances(ctx context.Context) (recs map[string]InstanceRecord, bad []string, err error) {
-	s, err := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	s, err := b.js.Stream(ctx, b.StreamName(StreamInstances))
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: instances stream: %w", err)
 	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.InstancesIn(b.cfg.Namespace)))
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(b.subjects.InstancesIn(b.cfg.Namespace)))
 	if err != nil {
 		return nil, nil, fmt.Errorf("events: instances stream info: %w", err)
 	}
@@ -867,7 +883,7 @@ func (b *Bus) Instances(ctx context.Context) (recs map[string]InstanceRecord, ba
 		if err != nil {
 			return nil, nil, fmt.Errorf("events: read %s: %w", subj, err)
 		}
-		key := strings.TrimPrefix(subj, b.Subjects.p()+".instances.")
+		key := strings.TrimPrefix(subj, b.subjects.p()+".instances.")
 		rec, err := decodeInstanceRecord(m.Data)
 		if err == nil && rec.Instance.Key != key {
 			err = ErrMalformed

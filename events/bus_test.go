@@ -37,7 +37,7 @@ func TestEnsureStreamsIdempotent(t *testing.T) {
 	ctx := context.Background()
 	before := map[string]time.Time{}
 	for _, cfg := range b.StreamConfigs() {
-		s, err := b.JS.Stream(ctx, cfg.Name)
+		s, err := b.js.Stream(ctx, cfg.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func TestEnsureStreamsIdempotent(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, created := range before {
-		s, _ := b.JS.Stream(ctx, name)
+		s, _ := b.js.Stream(ctx, name)
 		if !s.CachedInfo().Created.Equal(created) {
 			t.Errorf("stream %s was re-created", name)
 		}
@@ -75,11 +75,11 @@ func TestPublishDeduplicatesAndInstancesRead(t *testing.T) {
 	ctx := context.Background()
 	inst := Instance{Key: "ns.mat-0", URL: "https://h:1266", Scope: "static:t"}
 	for i := 0; i < 3; i++ {
-		if err := b.Publish(ctx, b.Subjects.Instance(inst.Key), TypeInstanceAppeared, "same-id", inst); err != nil {
+		if err := b.Publish(ctx, b.Subjects().Instance(inst.Key), TypeInstanceAppeared, "same-id", inst); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s, _ := b.JS.Stream(ctx, b.StreamName("INSTANCES"))
+	s, _ := b.js.Stream(ctx, b.StreamName(StreamInstances))
 	info, _ := s.Info(ctx)
 	if info.State.LastSeq != 1 {
 		t.Fatalf("re-published event stored %d times", info.State.LastSeq)
@@ -88,10 +88,10 @@ func TestPublishDeduplicatesAndInstancesRead(t *testing.T) {
 	if err != nil || !found || !rec.Present() || rec.Instance != inst {
 		t.Fatalf("LastInstance = %+v %v %v", rec, found, err)
 	}
-	if err := b.Publish(ctx, b.Subjects.Instance(inst.Key), TypeInstanceGone, "gone-1", inst); err != nil {
+	if err := b.Publish(ctx, b.Subjects().Instance(inst.Key), TypeInstanceGone, "gone-1", inst); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.JS.Publish(ctx, b.Subjects.Instance("ns.bad"), []byte("garbage")); err != nil {
+	if _, err := b.js.Publish(ctx, b.Subjects().Instance("ns.bad"), []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
 	recs, bad, err := b.Instances(ctx)
@@ -110,13 +110,13 @@ func TestPublishRecreatesLostStream(t *testing.T) {
 	b, _ := newBus(t, Config{Memory: true})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := b.JS.DeleteStream(ctx, b.StreamName("SYNC")); err != nil {
+	if err := b.js.DeleteStream(ctx, b.StreamName(StreamSync)); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Publish(ctx, b.Subjects.Sync("ns.a"), TypeSyncJob, "s1", SyncJob{Key: "ns.a"}); err != nil {
+	if err := b.Publish(ctx, b.Subjects().Sync("ns.a"), TypeSyncJob, "s1", SyncJob{Key: "ns.a"}); err != nil {
 		t.Fatalf("publish after the stream was lost: %v", err)
 	}
-	s, err := b.JS.Stream(ctx, b.StreamName("SYNC"))
+	s, err := b.js.Stream(ctx, b.StreamName(StreamSync))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,15 +129,15 @@ func TestSyncStreamKeepsFewJobsPerInstance(t *testing.T) {
 	b, _ := newBus(t, Config{Memory: true})
 	ctx := context.Background()
 	for i := 0; i < 10; i++ {
-		if err := b.Publish(ctx, b.Subjects.Sync("ns.a"), TypeSyncJob, "", SyncJob{Key: "ns.a"}); err != nil {
+		if err := b.Publish(ctx, b.Subjects().Sync("ns.a"), TypeSyncJob, "", SyncJob{Key: "ns.a"}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := b.Publish(ctx, b.Subjects.Cleanup("ns.a"), TypeCleanupJob, "", CleanupJob{Key: "ns.a", Scope: "s"}); err != nil {
+	if err := b.Publish(ctx, b.Subjects().Cleanup("ns.a"), TypeCleanupJob, "", CleanupJob{Key: "ns.a", Scope: "s"}); err != nil {
 		t.Fatal(err)
 	}
-	s, _ := b.JS.Stream(ctx, b.StreamName("SYNC"))
-	info, _ := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects.SyncJobs()))
+	s, _ := b.js.Stream(ctx, b.StreamName(StreamSync))
+	info, _ := s.Info(ctx, jetstream.WithSubjectFilter(b.Subjects().SyncJobs()))
 	if info.State.Msgs != 3 { // 2 sync jobs kept + the clean-up job
 		t.Fatalf("sync stream holds %d messages, want 3", info.State.Msgs)
 	}
@@ -146,7 +146,7 @@ func TestSyncStreamKeepsFewJobsPerInstance(t *testing.T) {
 func TestReporterRateLimits(t *testing.T) {
 	b, nc := newBus(t, Config{Memory: true})
 	got := make(chan *nats.Msg, 16)
-	sub, err := nc.ChanSubscribe(b.Subjects.Errors(), got)
+	sub, err := nc.ChanSubscribe(b.Subjects().Errors(), got)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestEnsureStreamsKeepsStorage(t *testing.T) {
 		names = append(names, cfg.Name)
 	}
 	for _, name := range names {
-		s, err := file.JS.Stream(ctx, name)
+		s, err := file.js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,14 +275,14 @@ func TestKeepStreamsCreatesButNeverUpdates(t *testing.T) {
 		t.Fatal(err)
 	}
 	errorsAge := func() time.Duration {
-		s, err := keep.JS.Stream(ctx, keep.StreamName("ERRORS"))
+		s, err := keep.js.Stream(ctx, keep.StreamName(StreamErrors))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s.CachedInfo().Config.MaxAge
 	}
 	for _, cfg := range keep.StreamConfigs() {
-		if _, err := keep.JS.Stream(ctx, cfg.Name); err != nil {
+		if _, err := keep.js.Stream(ctx, cfg.Name); err != nil {
 			t.Errorf("stream %s not created: %v", cfg.Name, err)
 		}
 	}
@@ -335,7 +335,7 @@ func TestLastInstanceSharesFreshReads(t *testing.T) {
 	publish := func(v int64) {
 		inst := inst
 		inst.Version = strconv.FormatInt(v, 10)
-		if err := b.Publish(ctx, b.Subjects.Instance(inst.Key), TypeInstanceAppeared, "v"+inst.Version, inst); err != nil {
+		if err := b.Publish(ctx, b.Subjects().Instance(inst.Key), TypeInstanceAppeared, "v"+inst.Version, inst); err != nil {
 			t.Error(err)
 			return
 		}

@@ -16,7 +16,7 @@ func TestEpochInEnvelope(t *testing.T) {
 	ctx := context.Background()
 	e := &Epoch{Lease: "ns/l", Term: 7, Leader: "disc-2"}
 	inst := Instance{Key: "ns.a", URL: "https://a:1", Scope: "t"}
-	if err := b.Publish(ctx, b.Subjects.Instance("ns.a"), TypeInstanceAppeared, "x1", inst, WithEpoch(e)); err != nil {
+	if err := b.Publish(ctx, b.Subjects().Instance("ns.a"), TypeInstanceAppeared, "x1", inst, WithEpoch(e)); err != nil {
 		t.Fatal(err)
 	}
 	rec, _, err := b.LastInstance(ctx, "ns.a")
@@ -59,7 +59,7 @@ func TestEpochInEnvelope(t *testing.T) {
 func TestPublishExpectedLastSubjectSeq(t *testing.T) {
 	b, _ := newBus(t, Config{Memory: true})
 	ctx := context.Background()
-	subj := b.Subjects.Instance("ns.a")
+	subj := b.Subjects().Instance("ns.a")
 	inst := Instance{Key: "ns.a", URL: "https://a:1", Scope: "t"}
 	if err := b.Publish(ctx, subj, TypeInstanceAppeared, "first", inst, WithExpectedLastSubjectSeq(0)); err != nil {
 		t.Fatalf("first record with expected sequence 0: %v", err)
@@ -99,7 +99,7 @@ func TestPublishExpectedLastSubjectSeq(t *testing.T) {
 func TestPublishGuard(t *testing.T) {
 	b, _ := newBus(t, Config{Memory: true})
 	ctx := context.Background()
-	subj := b.Subjects.Sync("ns.a")
+	subj := b.Subjects().Sync("ns.a")
 	deposed := errors.New("deposed")
 	calls := 0
 	guard := func() error {
@@ -113,7 +113,7 @@ func TestPublishGuard(t *testing.T) {
 	if calls != 1 {
 		t.Errorf("guard called %d times, want 1 (not retried)", calls)
 	}
-	s, err := b.JS.Stream(ctx, b.StreamName("SYNC"))
+	s, err := b.js.Stream(ctx, b.StreamName(StreamSync))
 	if err != nil {
 		t.Fatal(err)
 	}

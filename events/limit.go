@@ -84,7 +84,7 @@ func fitError(e Error, limit int, encode func(Error) ([]byte, error)) ([]byte, e
 // while not known yet) less PayloadHeadroom, in bytes, and at least 1024.
 func (b *Bus) MaxEventBytes() int {
 	mp := int64(DefaultMaxPayload)
-	if nc := b.JS.Conn(); nc != nil && nc.MaxPayload() > 0 {
+	if nc := b.js.Conn(); nc != nil && nc.MaxPayload() > 0 {
 		mp = nc.MaxPayload()
 	}
 	return int(max(mp-PayloadHeadroom, 1024))

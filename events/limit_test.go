@@ -95,11 +95,11 @@ func busOn(t *testing.T, nc *nats.Conn) *Bus {
 func lastError(t *testing.T, b *Bus, kind ErrorKind) (Error, int) {
 	t.Helper()
 	ctx := context.Background()
-	s, err := b.JS.Stream(ctx, b.StreamName("ERRORS"))
+	s, err := b.js.Stream(ctx, b.StreamName(StreamErrors))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, b.Subjects.Error(kind))
+	m, err := s.GetLastMsgForSubject(ctx, b.Subjects().Error(kind))
 	if err != nil {
 		t.Fatalf("no %s error event stored: %v", kind, err)
 	}
@@ -190,7 +190,7 @@ func TestPublishRawTooBigFailsAtOnce(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			start := time.Now()
-			err := b.PublishRaw(ctx, b.Subjects.Error(ErrorEvent), "big-1", bytes.Repeat([]byte("x"), c.size))
+			err := b.PublishRaw(ctx, b.Subjects().Error(ErrorEvent), "big-1", bytes.Repeat([]byte("x"), c.size))
 			if d := time.Since(start); d > 2*time.Second {
 				t.Errorf("a too-big publish took %s", d)
 			}
@@ -268,7 +268,7 @@ func TestPublishRawClosedConnectionFailsAtOnce(t *testing.T) {
 	b := busOn(t, nc)
 	nc.Close()
 	start := time.Now()
-	err := b.PublishRaw(context.Background(), b.Subjects.Error(ErrorEvent), "", []byte("{}"))
+	err := b.PublishRaw(context.Background(), b.Subjects().Error(ErrorEvent), "", []byte("{}"))
 	if !errors.Is(err, nats.ErrConnectionClosed) || !strings.Contains(err.Error(), "(1 attempts)") || time.Since(start) > time.Second {
 		t.Fatalf("PublishRaw on a closed connection after %s: %v", time.Since(start), err)
 	}

@@ -49,10 +49,10 @@ func TestNamespacesDoNotCross(t *testing.T) {
 			typ     Type
 			data    any
 		}{
-			{b.Subjects.Instance(key), TypeInstanceAppeared, Instance{Key: key, URL: "https://h:1266", Scope: "s"}},
-			{b.Subjects.Sync(key), TypeSyncJob, SyncJob{Key: key, Reason: ReasonPoll}},
-			{b.Subjects.Cleanup(key), TypeCleanupJob, CleanupJob{Key: key, Scope: "s"}},
-			{b.Subjects.Delete(key), TypeDeleteJob, DeleteJob{Key: key, Namespace: ns, Name: "svc", UID: "u"}},
+			{b.Subjects().Instance(key), TypeInstanceAppeared, Instance{Key: key, URL: "https://h:1266", Scope: "s"}},
+			{b.Subjects().Sync(key), TypeSyncJob, SyncJob{Key: key, Reason: ReasonPoll}},
+			{b.Subjects().Cleanup(key), TypeCleanupJob, CleanupJob{Key: key, Scope: "s"}},
+			{b.Subjects().Delete(key), TypeDeleteJob, DeleteJob{Key: key, Namespace: ns, Name: "svc", UID: "u"}},
 		}
 		for i, p := range pub {
 			if err := b.Publish(ctx, p.subject, p.typ, fmt.Sprintf("%s-%d", ns, i), p.data); err != nil {
@@ -65,8 +65,8 @@ func TestNamespacesDoNotCross(t *testing.T) {
 	}
 	for ns, b := range buses {
 		for role, want := range map[string][]string{
-			SyncConsumer:   {b.Subjects.Cleanup(ns + ".mat-0"), b.Subjects.Sync(ns + ".mat-0")},
-			DeleteConsumer: {b.Subjects.Delete(ns + ".mat-0")},
+			SyncConsumer:   {b.Subjects().Cleanup(ns + ".mat-0"), b.Subjects().Sync(ns + ".mat-0")},
+			DeleteConsumer: {b.Subjects().Delete(ns + ".mat-0")},
 		} {
 			c, err := b.EnsureConsumer(ctx, role)
 			if err != nil {
@@ -138,7 +138,7 @@ func TestNamespacedConsumerReplacesUnfiltered(t *testing.T) {
 	if _, err := old.EnsureConsumer(ctx, SyncConsumer); err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Publish(ctx, old.Subjects.Sync("team-a.mat-0"), TypeSyncJob, "j1", SyncJob{Key: "team-a.mat-0", Reason: ReasonPoll}); err != nil {
+	if err := old.Publish(ctx, old.Subjects().Sync("team-a.mat-0"), TypeSyncJob, "j1", SyncJob{Key: "team-a.mat-0", Reason: ReasonPoll}); err != nil {
 		t.Fatal(err)
 	}
 	nb, err := New(nc, Config{Memory: true, Namespace: "team-a"}, nil)
@@ -149,7 +149,7 @@ func TestNamespacedConsumerReplacesUnfiltered(t *testing.T) {
 	if err != nil {
 		t.Fatalf("namespaced consumer beside the unfiltered one: %v", err)
 	}
-	if _, err := nb.JS.Consumer(ctx, nb.StreamName("SYNC"), SyncConsumer); err == nil {
+	if _, err := nb.js.Consumer(ctx, nb.StreamName(StreamSync), SyncConsumer); err == nil {
 		t.Error("the unfiltered consumer is still there")
 	}
 	batch, err := c.Fetch(1, jetstream.FetchMaxWait(2*time.Second))

@@ -88,7 +88,7 @@ func replicasOf(t *testing.T, b *Bus) map[string]int {
 	defer cancel()
 	out := map[string]int{}
 	for _, cfg := range b.StreamConfigs() {
-		s, err := b.JS.Stream(ctx, cfg.Name)
+		s, err := b.js.Stream(ctx, cfg.Name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,7 +202,7 @@ func TestStreamReplicasOnACluster(t *testing.T) {
 			t.Errorf("%s: %d replicas after a refused change, want 3", name, n)
 		}
 	}
-	if s, err := r5.JS.Stream(ctx, r5.StreamName("ERRORS")); err != nil || s.CachedInfo().Config.MaxAge != time.Hour {
+	if s, err := r5.js.Stream(ctx, r5.StreamName(StreamErrors)); err != nil || s.CachedInfo().Config.MaxAge != time.Hour {
 		t.Errorf("the error stream's other settings were not updated: %v", err)
 	}
 

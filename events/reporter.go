@@ -146,7 +146,7 @@ func (r *Reporter) Report(ctx context.Context, e Error) bool {
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := r.bus.PublishRaw(pctx, r.bus.Subjects.Error(e.Kind), id, body); err != nil {
+	if err := r.bus.PublishRaw(pctx, r.bus.subjects.Error(e.Kind), id, body); err != nil {
 		r.log.Warn("error event not published", "kind", e.Kind, "error", err)
 		return false
 	}

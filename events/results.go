@@ -16,7 +16,7 @@ func (b *Bus) PublishResult(id string, r SyncResult) error {
 	if err != nil {
 		return err
 	}
-	if err := b.JS.Conn().Publish(b.Subjects.Result(r.Key), body); err != nil {
+	if err := b.js.Conn().Publish(b.subjects.Result(r.Key), body); err != nil {
 		b.count(TypeSyncResult, err)
 		return fmt.Errorf("events: publish result of %s: %w", r.Key, err)
 	}
@@ -31,8 +31,8 @@ func (b *Bus) PublishResult(id string, r SyncResult) error {
 // match its subject, is passed to bad with the reason. Unsubscribe the
 // returned subscription to stop.
 func (b *Bus) SubscribeResults(fn func(SyncResult), bad func(subject string, err error)) (*nats.Subscription, error) {
-	subject := b.Subjects.ResultsIn(b.cfg.Namespace)
-	sub, err := b.JS.Conn().Subscribe(subject, func(m *nats.Msg) {
+	subject := b.subjects.ResultsIn(b.cfg.Namespace)
+	sub, err := b.js.Conn().Subscribe(subject, func(m *nats.Msg) {
 		env, err := Decode(m.Data)
 		var r SyncResult
 		if err == nil {

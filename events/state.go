@@ -64,7 +64,7 @@ const StateRefresh = 10 * time.Second
 
 // StateBucket is the name of the state bucket (a JetStream key-value
 // bucket, one value kept per key): "<PREFIX>_STATE", e.g. "MAT_STATE".
-func (b *Bus) StateBucket() string { return b.StreamName("STATE") }
+func (b *Bus) StateBucket() string { return b.StreamName(BucketState) }
 
 // StateInstanceKey is the state bucket's key of instance key
 // ("instance.<namespace>.<name>").
@@ -163,7 +163,7 @@ func StateHoldsIn(ns string) string {
 // EnsureState) when it does not exist yet: a worker may start before any
 // discovery leader.
 func (b *Bus) StateKV(ctx context.Context) (jetstream.KeyValue, error) {
-	kv, err := b.JS.KeyValue(ctx, b.StateBucket())
+	kv, err := b.js.KeyValue(ctx, b.StateBucket())
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return b.EnsureState(ctx)
 	}
@@ -177,7 +177,7 @@ func (b *Bus) StateKV(ctx context.Context) (jetstream.KeyValue, error) {
 // ns is empty) by instance key. Entries that do not decode are skipped.
 // Errors: ErrNoState, or the bucket cannot be read.
 func (b *Bus) ReadHolds(ctx context.Context, ns string) (map[string]HoldRecord, error) {
-	kv, err := b.JS.KeyValue(ctx, b.StateBucket())
+	kv, err := b.js.KeyValue(ctx, b.StateBucket())
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, ErrNoState
 	}
@@ -219,11 +219,11 @@ func (b *Bus) EnsureState(ctx context.Context) (jetstream.KeyValue, error) {
 	}
 	// A bucket's storage cannot change: keep the one it has, as
 	// EnsureStreams does for streams.
-	if s, err := b.JS.Stream(ctx, "KV_"+b.StateBucket()); err == nil && s.CachedInfo().Config.Storage != st {
+	if s, err := b.js.Stream(ctx, "KV_"+b.StateBucket()); err == nil && s.CachedInfo().Config.Storage != st {
 		b.storageOnce("KV_"+b.StateBucket(), s.CachedInfo().Config.Storage, st)
 		st = s.CachedInfo().Config.Storage
 	}
-	kv, err := b.JS.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.StateBucket(), History: 1,
+	kv, err := b.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b.StateBucket(), History: 1,
 		Description: "matbus: the discovery leader's view of each instance, for matbus status, and the workers' delete holds", Replicas: b.cfg.Replicas, Storage: st})
 	if err != nil {
 		return nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
@@ -240,7 +240,7 @@ var ErrNoState = errors.New("events: no state bucket")
 // (nil when none wrote one). Entries that do not decode are skipped.
 // Errors: ErrNoState, or the bucket cannot be read.
 func (b *Bus) ReadState(ctx context.Context, ns string) (map[string]InstanceState, *LeaderState, error) {
-	kv, err := b.JS.KeyValue(ctx, b.StateBucket())
+	kv, err := b.js.KeyValue(ctx, b.StateBucket())
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil, ErrNoState
 	}
@@ -287,16 +287,12 @@ func (b *Bus) ReadState(ctx context.Context, ns string) (map[string]InstanceStat
 // ConsumerInfo returns the info of the durable job consumer of role
 // (SyncConsumer or DeleteConsumer) of this bus's namespace: its pending
 // (not yet delivered) and ack-pending (delivered, not yet acknowledged)
-// jobs. It errors (wrapping jetstream.ErrConsumerNotFound or
+// jobs, as of this call. It errors (wrapping jetstream.ErrConsumerNotFound or
 // ErrStreamNotFound) when no worker created it yet.
 func (b *Bus) ConsumerInfo(ctx context.Context, role string) (*jetstream.ConsumerInfo, error) {
-	c, err := b.JS.Consumer(ctx, b.consumerStream(role), ConsumerName(role, b.cfg.Namespace))
+	c, err := b.js.Consumer(ctx, b.consumerStream(role), ConsumerName(role, b.cfg.Namespace))
 	if err != nil {
 		return nil, fmt.Errorf("events: consumer %s: %w", ConsumerName(role, b.cfg.Namespace), err)
 	}
-	info, err := c.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("events: consumer %s: %w", ConsumerName(role, b.cfg.Namespace), err)
-	}
-	return info, nil
+	return c.CachedInfo(), nil // the answer of the lookup: one CONSUMER.INFO request
 }

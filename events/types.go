@@ -180,6 +180,19 @@ type CleanupJob struct {
 	Scope string `json:"scope"`
 }
 
+// DeleteReason says why a delete job was published.
+type DeleteReason string
+
+// Delete job reasons.
+const (
+	// DeleteStale: the device is gone from the instance's status; the job
+	// is re-checked against a status fetched after its PlannedAt.
+	DeleteStale DeleteReason = "stale"
+	// DeleteGone: the instance is gone; the job does nothing while the
+	// instance is present again.
+	DeleteGone DeleteReason = "gone"
+)
+
 // DeleteJob asks one worker to delete one Service.
 type DeleteJob struct {
 	// Key is the instance the Service belongs to.
@@ -192,8 +205,8 @@ type DeleteJob struct {
 	UID string `json:"uid"`
 	// MatID is the device the Service was built for, "" when unknown.
 	MatID string `json:"mat_id,omitempty"`
-	// Reason is "stale" (device gone from the status) or "gone" (instance gone).
-	Reason string `json:"reason"`
+	// Reason is DeleteStale or DeleteGone.
+	Reason DeleteReason `json:"reason"`
 	// PlannedAt is when the sync that found the Service stale fetched the
 	// status it planned from (zero for "gone" and for older publishers).
 	// A "stale" delete is re-checked against a status fetched after it.

@@ -24,7 +24,7 @@ func TestTwoWorkersOnOneInstance(t *testing.T) {
 	in := w.newInstance("shared", fleetSpec{hosts: 90, switches: 10, shelves: 10}, 0)
 	workers := []*proc{w.startWorker("w1", "--jobs", "1", "--log-level", "debug"), w.startWorker("w2", "--jobs", "1", "--log-level", "debug")}
 	inst := events.Instance{Key: in.key(), URL: in.url, Scope: "static:faulttest"}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, "appeared-shared", inst); err != nil {
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Instance(inst.Key), events.TypeInstanceAppeared, "appeared-shared", inst); err != nil {
 		t.Fatal(err)
 	}
 	round := func(name string, change func()) map[string]string {
@@ -33,7 +33,7 @@ func TestTwoWorkersOnOneInstance(t *testing.T) {
 		applied := []int{workers[0].log.Count("applying plan", inst.Key), workers[1].log.Count("applying plan", inst.Key)}
 		start := time.Now()
 		for i := range 2 {
-			if err := w.bus.Publish(w.ctx, w.bus.Subjects.Sync(inst.Key), events.TypeSyncJob, fmt.Sprintf("%s-%d", name, i),
+			if err := w.bus.Publish(w.ctx, w.bus.Subjects().Sync(inst.Key), events.TypeSyncJob, fmt.Sprintf("%s-%d", name, i),
 				events.SyncJob{Key: inst.Key, Reason: "test"}); err != nil {
 				t.Fatal(err)
 			}

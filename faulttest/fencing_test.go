@@ -99,7 +99,7 @@ func runFencing(t *testing.T, f fencing) {
 	spec := fleetSpec{hosts: 3, switches: 1} // 7 Services each
 	keep, gone, added := w.newInstance("mat-keep", spec, 0), w.newInstance("mat-gone", spec, 0), w.newInstance("mat-new", spec, 0)
 	msgs := &discoveryMsgs{}
-	for _, subj := range []string{w.bus.Subjects.Instances(), w.bus.Subjects.SyncJobs(), w.bus.Subjects.CleanupJobs()} {
+	for _, subj := range []string{w.bus.Subjects().Instances(), w.bus.Subjects().SyncJobs(), w.bus.Subjects().CleanupJobs()} {
 		if _, err := w.nc.Subscribe(subj, msgs.add); err != nil {
 			t.Fatal(err)
 		}
@@ -224,15 +224,15 @@ func runFencing(t *testing.T, f fencing) {
 	// old leader's checks, change nothing.
 	forged := time.Now()
 	appeared := events.Instance{Key: gone.key(), URL: gone.url, Scope: before.Instance.Scope}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Instance(gone.key()), events.TypeInstanceAppeared, "forged-appeared", appeared,
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Instance(gone.key()), events.TypeInstanceAppeared, "forged-appeared", appeared,
 		events.WithEpoch(&oldEpoch)); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Sync(gone.key()), events.TypeSyncJob, "forged-sync",
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Sync(gone.key()), events.TypeSyncJob, "forged-sync",
 		events.SyncJob{Key: gone.key(), Reason: events.ReasonAppeared}, events.WithEpoch(&oldEpoch)); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Cleanup(keep.key()), events.TypeCleanupJob, "forged-cleanup",
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Cleanup(keep.key()), events.TypeCleanupJob, "forged-cleanup",
 		events.CleanupJob{Key: keep.key(), Scope: before.Instance.Scope}, events.WithEpoch(&oldEpoch)); err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +246,7 @@ func runFencing(t *testing.T, f fencing) {
 		return n == 3, fmt.Sprintf("%d of 3 refusals reported:\n%s", n, w.errs)
 	})
 	// The stream side: an event based on the old leader's read of mat-gone.
-	err = w.bus.Publish(w.ctx, w.bus.Subjects.Instance(gone.key()), events.TypeInstanceAppeared, "stale-read", appeared,
+	err = w.bus.Publish(w.ctx, w.bus.Subjects().Instance(gone.key()), events.TypeInstanceAppeared, "stale-read", appeared,
 		events.WithEpoch(&oldEpoch), events.WithExpectedLastSubjectSeq(before.Seq))
 	if !errors.Is(err, events.ErrWrongLastSequence) {
 		t.Errorf("an instance event based on a read from before the takeover: %v, want ErrWrongLastSequence", err)

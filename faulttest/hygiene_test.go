@@ -25,10 +25,10 @@ func TestLongJobKeepsItsDelivery(t *testing.T) {
 	w.startWorker("w1", "--mat-timeout", (4 * ackWait).String())
 	// One appeared event and one sync job, published by hand (no ticks).
 	inst := events.Instance{Key: slow.key(), URL: slow.url, Scope: "static:faulttest"}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, "appeared-slow", inst); err != nil {
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Instance(inst.Key), events.TypeInstanceAppeared, "appeared-slow", inst); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Sync(inst.Key), events.TypeSyncJob, "sync-slow", events.SyncJob{Key: inst.Key, Reason: "test"}); err != nil {
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Sync(inst.Key), events.TypeSyncJob, "sync-slow", events.SyncJob{Key: inst.Key, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -142,7 +142,7 @@ func TestExhaustedJobsAreReportedAndRepaired(t *testing.T) {
 	disc.Remove(stuck)
 	w.waitFor("a delete job gives up", time.Minute, func() (bool, string) {
 		for _, e := range w.errs.All() {
-			if e.Err.Kind == events.ErrorDelete && e.Err.Subject == w.bus.Subjects.Delete(stuck.key()) && e.Err.Attempts == maxDeliver {
+			if e.Err.Kind == events.ErrorDelete && e.Err.Subject == w.bus.Subjects().Delete(stuck.key()) && e.Err.Attempts == maxDeliver {
 				return true, ""
 			}
 		}

@@ -68,7 +68,7 @@ func TestEventIdentity(t *testing.T) {
 	}
 	last, _ := record(flap)
 	ctx := w.ctx
-	stream, err := w.bus.JS.Stream(ctx, w.bus.StreamName("INSTANCES"))
+	stream, err := w.js.Stream(ctx, w.bus.StreamName(events.StreamInstances))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestEventIdentity(t *testing.T) {
 	flap.waitGone(30 * time.Second)
 
 	// Duplicates of the steady instance's events and jobs.
-	raw, err := stream.GetLastMsgForSubject(ctx, w.bus.Subjects.Instance(steady.key()))
+	raw, err := stream.GetLastMsgForSubject(ctx, w.bus.Subjects().Instance(steady.key()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestEventIdentity(t *testing.T) {
 	if id == "" {
 		t.Fatal("stored appeared event has no Nats-Msg-Id")
 	}
-	ack, err := w.bus.JS.Publish(ctx, raw.Subject, raw.Data, jetstream.WithMsgID(id))
+	ack, err := w.js.Publish(ctx, raw.Subject, raw.Data, jetstream.WithMsgID(id))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,21 +103,21 @@ func TestEventIdentity(t *testing.T) {
 	sync := events.SyncJob{Key: steady.key(), Reason: "test"}
 	for i := range 5 {
 		for range 2 { // each id twice
-			if err := w.bus.Publish(ctx, w.bus.Subjects.Sync(steady.key()), events.TypeSyncJob, fmt.Sprintf("dup-sync-%d", i), sync); err != nil {
+			if err := w.bus.Publish(ctx, w.bus.Subjects().Sync(steady.key()), events.TypeSyncJob, fmt.Sprintf("dup-sync-%d", i), sync); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
-	if err := w.bus.Publish(ctx, w.bus.Subjects.Cleanup(steady.key()), events.TypeCleanupJob, "dup-cleanup",
+	if err := w.bus.Publish(ctx, w.bus.Subjects().Cleanup(steady.key()), events.TypeCleanupJob, "dup-cleanup",
 		events.CleanupJob{Key: steady.key(), Scope: "static:faulttest"}); err != nil {
 		t.Fatal(err)
 	}
 	for name, s := range steady.services() {
 		for _, j := range []events.DeleteJob{
-			{Key: steady.key(), Namespace: w.ns, Name: name, UID: string(s.UID), Reason: "gone"},
-			{Key: steady.key(), Namespace: w.ns, Name: name, UID: "an-older-uid", Reason: "stale"},
+			{Key: steady.key(), Namespace: w.ns, Name: name, UID: string(s.UID), Reason: events.DeleteGone},
+			{Key: steady.key(), Namespace: w.ns, Name: name, UID: "an-older-uid", Reason: events.DeleteStale},
 		} {
-			if err := w.bus.Publish(ctx, w.bus.Subjects.Delete(steady.key()), events.TypeDeleteJob, "dup-del-"+name+"-"+j.Reason, j); err != nil {
+			if err := w.bus.Publish(ctx, w.bus.Subjects().Delete(steady.key()), events.TypeDeleteJob, "dup-del-"+name+"-"+string(j.Reason), j); err != nil {
 				t.Fatal(err)
 			}
 		}

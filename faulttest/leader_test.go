@@ -66,7 +66,7 @@ func TestLeaderElectedDiscovery(t *testing.T) {
 	spec := fleetSpec{hosts: 3, switches: 1}
 	a, b, c, d := w.newInstance("mat-a", spec, 0), w.newInstance("mat-b", spec, 0), w.newInstance("mat-c", spec, 0), w.newInstance("mat-d", spec, 0)
 	seen := &announcements{}
-	if _, err := w.nc.Subscribe(w.bus.Subjects.Instances(), seen.add); err != nil {
+	if _, err := w.nc.Subscribe(w.bus.Subjects().Instances(), seen.add); err != nil {
 		t.Fatal(err)
 	}
 	w.discover(a)

@@ -113,7 +113,7 @@ func (c *natsCluster) stop() {
 func (w *world) streamCluster(role string) (*jetstream.ClusterInfo, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	s, err := w.bus.JS.Stream(ctx, w.bus.StreamName(role))
+	s, err := w.js.Stream(ctx, w.bus.StreamName(events.Role(role)))
 	if err != nil {
 		return nil, err
 	}
@@ -162,9 +162,9 @@ func (w *world) allCurrent() (bool, string) {
 // or of one of its consumers; preferred names the server to lead next
 // ("" for any). It returns the API's error, if any.
 func (w *world) stepDown(role, consumer, preferred string) error {
-	subj := "$JS.API.STREAM.LEADER.STEPDOWN." + w.bus.StreamName(role)
+	subj := "$JS.API.STREAM.LEADER.STEPDOWN." + w.bus.StreamName(events.Role(role))
 	if consumer != "" {
-		subj = "$JS.API.CONSUMER.LEADER.STEPDOWN." + w.bus.StreamName(role) + "." + consumer
+		subj = "$JS.API.CONSUMER.LEADER.STEPDOWN." + w.bus.StreamName(events.Role(role)) + "." + consumer
 	}
 	var body []byte
 	if preferred != "" {

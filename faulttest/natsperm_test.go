@@ -460,17 +460,17 @@ func runPermScenario(w *world) {
 
 	// What the identities may not do.
 	tries := []refusal{
-		{role: "worker", subject: w.bus.Subjects.Instance(w.key("forged")), what: "an instance event"},
-		{role: "worker", subject: w.bus.Subjects.Sync(a.key()), what: "a sync job"},
-		{role: "worker", subject: "$JS.API.STREAM.UPDATE." + w.bus.StreamName("INSTANCES"), what: "an instances stream update", body: streamBody(w, "INSTANCES")},
-		{role: "worker", subject: "$JS.API.STREAM.DELETE." + w.bus.StreamName("INSTANCES"), what: "a stream delete"},
+		{role: "worker", subject: w.bus.Subjects().Instance(w.key("forged")), what: "an instance event"},
+		{role: "worker", subject: w.bus.Subjects().Sync(a.key()), what: "a sync job"},
+		{role: "worker", subject: "$JS.API.STREAM.UPDATE." + w.bus.StreamName(events.StreamInstances), what: "an instances stream update", body: streamBody(w, "INSTANCES")},
+		{role: "worker", subject: "$JS.API.STREAM.DELETE." + w.bus.StreamName(events.StreamInstances), what: "a stream delete"},
 		{role: "worker", subject: "$KV.MAT_STATE." + events.StateLeaderKey(w.ns), what: "the leader entry"},
-		{role: "reader", subject: w.bus.Subjects.Error("x"), what: "an error event"},
-		{role: "reader", subject: w.bus.Subjects.Delete(a.key()), what: "a delete job"},
-		{role: "reader", subject: w.bus.Subjects.Result(a.key()), what: "a sync result"},
-		{role: "reader", subject: "$JS.API.STREAM.DELETE." + w.bus.StreamName("ERRORS"), what: "a stream delete"},
-		{role: "reader", subject: "$JS.API.STREAM.PURGE." + w.bus.StreamName("INSTANCES"), what: "a stream purge"},
-		{role: "reader", subject: "$JS.API.CONSUMER.CREATE." + w.bus.StreamName("SYNC") + ".thief", what: "a job consumer"},
+		{role: "reader", subject: w.bus.Subjects().Error("x"), what: "an error event"},
+		{role: "reader", subject: w.bus.Subjects().Delete(a.key()), what: "a delete job"},
+		{role: "reader", subject: w.bus.Subjects().Result(a.key()), what: "a sync result"},
+		{role: "reader", subject: "$JS.API.STREAM.DELETE." + w.bus.StreamName(events.StreamErrors), what: "a stream delete"},
+		{role: "reader", subject: "$JS.API.STREAM.PURGE." + w.bus.StreamName(events.StreamInstances), what: "a stream purge"},
+		{role: "reader", subject: "$JS.API.CONSUMER.CREATE." + w.bus.StreamName(events.StreamSync) + ".thief", what: "a job consumer"},
 		{role: "reader", subject: "$KV.MAT_STATE." + events.StateLeaderKey(w.ns), what: "the leader entry"},
 	}
 	for _, r := range tries {
@@ -483,12 +483,12 @@ func runPermScenario(w *world) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(w.ctx, 3*time.Second)
-	err = wbus.Publish(ctx, wbus.Subjects.Instance(a.key()), events.TypeInstanceGone, "forged-gone", events.Instance{Key: a.key(), URL: a.url})
+	err = wbus.Publish(ctx, wbus.Subjects().Instance(a.key()), events.TypeInstanceGone, "forged-gone", events.Instance{Key: a.key(), URL: a.url})
 	cancel()
 	if err == nil {
 		t.Errorf("the worker identity published a gone event of %s", a.key())
 	}
-	tries = append(tries, refusal{role: "worker", subject: wbus.Subjects.Instance(a.key()), what: "gone event, through events.Bus.Publish"})
+	tries = append(tries, refusal{role: "worker", subject: wbus.Subjects().Instance(a.key()), what: "gone event, through events.Bus.Publish"})
 	got := w.violations()
 	want := map[string]bool{}
 	for _, r := range tries {
@@ -507,7 +507,7 @@ func runPermScenario(w *world) {
 
 	// Nothing of it took effect.
 	for _, s := range []string{"INSTANCES", "ERRORS"} {
-		if _, err := w.bus.JS.Stream(w.ctx, w.bus.StreamName(s)); err != nil {
+		if _, err := w.js.Stream(w.ctx, w.bus.StreamName(events.Role(s))); err != nil {
 			t.Errorf("stream %s: %v", s, err)
 		}
 	}
@@ -541,7 +541,7 @@ type refusal struct {
 // with it would be accepted, were it allowed.
 func streamBody(w *world, role string) []byte {
 	for _, c := range w.bus.StreamConfigs() {
-		if c.Name == w.bus.StreamName(role) {
+		if c.Name == w.bus.StreamName(events.Role(role)) {
 			c.MaxAge = time.Second
 			b, err := json.Marshal(c)
 			if err != nil {

@@ -90,7 +90,7 @@ func TestNATSRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
 	defer cancel()
 	for _, c := range [][2]string{{"SYNC", events.SyncConsumer}, {"DELETE", events.DeleteConsumer}} {
-		if err := w.bus.JS.DeleteConsumer(ctx, w.bus.StreamName(c[0]), events.ConsumerName(c[1], w.ns)); err != nil {
+		if err := w.js.DeleteConsumer(ctx, w.bus.StreamName(events.Role(c[0])), events.ConsumerName(c[1], w.ns)); err != nil {
 			t.Fatalf("delete consumer %s: %v", c[1], err)
 		}
 	}
@@ -101,7 +101,7 @@ func TestNATSRestart(t *testing.T) {
 
 	// 4. Job streams deleted.
 	for _, s := range []string{"SYNC", "DELETE"} {
-		if err := w.bus.JS.DeleteStream(ctx, w.bus.StreamName(s)); err != nil {
+		if err := w.js.DeleteStream(ctx, w.bus.StreamName(events.Role(s))); err != nil {
 			t.Fatalf("delete stream %s: %v", s, err)
 		}
 	}

@@ -116,7 +116,7 @@ func TestTwoPipelinesOnOneNATS(t *testing.T) {
 				}
 			}
 		}
-		if _, err := w.bus.JS.Consumer(w.ctx, w.bus.StreamName("SYNC"), events.SyncConsumer); err == nil {
+		if _, err := w.js.Consumer(w.ctx, w.bus.StreamName(events.StreamSync), events.SyncConsumer); err == nil {
 			t.Errorf("an unfiltered %s consumer exists", events.SyncConsumer)
 		}
 	}

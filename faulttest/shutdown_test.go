@@ -13,10 +13,10 @@ import (
 func (w *world) announce(in *instance, id string) events.Instance {
 	w.t.Helper()
 	inst := events.Instance{Key: in.key(), URL: in.url, Scope: "static:faulttest"}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Instance(inst.Key), events.TypeInstanceAppeared, "appeared-"+id, inst); err != nil {
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Instance(inst.Key), events.TypeInstanceAppeared, "appeared-"+id, inst); err != nil {
 		w.t.Fatal(err)
 	}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Sync(inst.Key), events.TypeSyncJob, "sync-"+id, events.SyncJob{Key: inst.Key, Reason: "test"}); err != nil {
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Sync(inst.Key), events.TypeSyncJob, "sync-"+id, events.SyncJob{Key: inst.Key, Reason: "test"}); err != nil {
 		w.t.Fatal(err)
 	}
 	return inst
@@ -101,7 +101,7 @@ func TestShutdown(t *testing.T) {
 	if evict.open.Load() == 0 {
 		t.Fatal("the worker keeps no connection to the instance it syncs (nothing to prove)")
 	}
-	if err := w.bus.Publish(w.ctx, w.bus.Subjects.Instance(inst.Key), events.TypeInstanceGone, "gone-evict", inst); err != nil {
+	if err := w.bus.Publish(w.ctx, w.bus.Subjects().Instance(inst.Key), events.TypeInstanceGone, "gone-evict", inst); err != nil {
 		t.Fatal(err)
 	}
 	took = w.waitFor("the evicted client's connection closed", 10*time.Second, func() (bool, string) {

@@ -59,6 +59,7 @@ type world struct {
 	idents map[string]natsIdent
 	nc     *nats.Conn
 	bus    *events.Bus
+	js     jetstream.JetStream // on nc, for reads and writes past the bus
 	errs   *errSink
 	log    *slog.Logger
 
@@ -140,8 +141,11 @@ func newWorldOn(t *testing.T, nodes int, auth natsAuth, idents map[string]natsId
 	if err != nil {
 		t.Fatal(err)
 	}
+	if w.js, err = jetstream.New(w.nc); err != nil {
+		t.Fatal(err)
+	}
 	w.errs = &errSink{seen: map[string]bool{}}
-	if _, err := w.nc.Subscribe(w.bus.Subjects.Errors(), w.errs.add); err != nil {
+	if _, err := w.nc.Subscribe(w.bus.Subjects().Errors(), w.errs.add); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.nc.Flush(); err != nil {
@@ -654,7 +658,7 @@ func (w *world) waitFor(what string, timeout time.Duration, cond func() (bool, s
 func (w *world) consumerInfo(stream, role string) (*jetstream.ConsumerInfo, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	c, err := w.bus.JS.Consumer(ctx, w.bus.StreamName(stream), events.ConsumerName(role, w.ns))
+	c, err := w.js.Consumer(ctx, w.bus.StreamName(events.Role(stream)), events.ConsumerName(role, w.ns))
 	if err != nil {
 		return nil, err
 	}
@@ -665,7 +669,7 @@ func (w *world) consumerInfo(stream, role string) (*jetstream.ConsumerInfo, erro
 func (w *world) streamMsgs(stream string) (uint64, error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	defer cancel()
-	s, err := w.bus.JS.Stream(ctx, w.bus.StreamName(stream))
+	s, err := w.js.Stream(ctx, w.bus.StreamName(events.Role(stream)))
 	if err != nil {
 		return 0, err
 	}

@@ -29,7 +29,7 @@ type watchEvents struct {
 func subscribe(t *testing.T, nc *nats.Conn, bus *events.Bus) *watchEvents {
 	t.Helper()
 	w := &watchEvents{}
-	_, err := nc.Subscribe(bus.Subjects.Error(events.ErrorWatch), func(m *nats.Msg) {
+	_, err := nc.Subscribe(bus.Subjects().Error(events.ErrorWatch), func(m *nats.Msg) {
 		env, err := events.Decode(m.Data)
 		if err != nil {
 			t.Errorf("undecodable error event: %v", err)

@@ -65,14 +65,14 @@ func ErrorFilters(subj events.Subjects, kinds []string) ([]string, error) {
 // error (not Follow). It returns nil when ctx ends or the backlog is printed, and an
 // error wrapping the JetStream error when the stream cannot be read.
 func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
-	filters, err := ErrorFilters(cfg.Bus.Subjects, cfg.Kinds)
+	filters, err := ErrorFilters(cfg.Bus.Subjects(), cfg.Kinds)
 	if err != nil {
 		return err
 	}
 	if !cfg.Follow && cfg.Since <= 0 {
 		return errors.New("--follow=false needs --since")
 	}
-	stream := cfg.Bus.StreamName("ERRORS")
+	stream := cfg.Bus.StreamName(events.StreamErrors)
 	occ := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy, InactiveThreshold: consumerInactive}
 	if cfg.Since > 0 {
 		start := time.Now().Add(-cfg.Since)
@@ -80,7 +80,7 @@ func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
 	}
 	var cons jetstream.Consumer
 	for {
-		cons, err = cfg.Bus.JS.OrderedConsumer(ctx, stream, occ)
+		cons, err = cfg.Bus.OrderedConsumer(ctx, events.StreamErrors, occ)
 		if err == nil {
 			break
 		}
@@ -91,14 +91,14 @@ func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
 			return fmt.Errorf("read error events: %w", err)
 		}
 		if !cfg.Follow {
-			return fmt.Errorf("stream %s does not exist: no matbus component has started on this NATS server with --subject-prefix %q", stream, cfg.Bus.Subjects.Prefix)
+			return fmt.Errorf("stream %s does not exist: no matbus component has started on this NATS server with --subject-prefix %q", stream, cfg.Bus.Subjects().Prefix)
 		}
 		fmt.Fprintf(cfg.Notes, "waiting for stream %s (no matbus component has started yet)\n", stream)
 		if !sleepCtx(ctx, 2*time.Second) {
 			return nil
 		}
 	}
-	defer deleteOrdered(ctx, cfg.Bus.JS, stream, cons)
+	defer cfg.Bus.DropConsumer(ctx, events.StreamErrors, cons)
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("read error events: %w", err)

@@ -157,7 +157,7 @@ var ErrNoPipeline = errors.New("no matbus pipeline")
 // looked in and the namespaces that do have instance records on this
 // NATS, or why they are unknown.
 func noPipeline(ctx context.Context, bus *events.Bus) error {
-	ns, prefix := bus.Config().Namespace, bus.Subjects.Prefix
+	ns, prefix := bus.Config().Namespace, bus.Subjects().Prefix
 	if prefix == "" {
 		prefix = events.DefaultPrefix
 	}
@@ -288,13 +288,13 @@ func lastErrors(ctx context.Context, bus *events.Bus, ns string, since time.Dura
 		since = time.Hour
 	}
 	start := time.Now().Add(-since)
-	cons, err := bus.JS.OrderedConsumer(ctx, bus.StreamName("ERRORS"), jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{bus.Subjects.Errors()}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
+	cons, err := bus.OrderedConsumer(ctx, events.StreamErrors, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{bus.Subjects().Errors()}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &start,
 		InactiveThreshold: consumerInactive})
 	if err != nil {
 		return nil, fmt.Errorf("read the error stream: %w", err)
 	}
-	defer deleteOrdered(ctx, bus.JS, bus.StreamName("ERRORS"), cons)
+	defer bus.DropConsumer(ctx, events.StreamErrors, cons)
 	out := map[string]ErrorSummary{}
 	pending := cons.CachedInfo().NumPending
 	if pending == 0 {
@@ -492,18 +492,6 @@ func heldText(now time.Time, h *HoldSummary) string {
 // TailErrors --follow keeps its consumer: its waiting pull requests count
 // as activity.
 var consumerInactive = 10 * time.Second
-
-// deleteOrdered deletes the current consumer of the ordered consumer cons
-// of stream, within 2 s even once ctx has ended.
-func deleteOrdered(ctx context.Context, js jetstream.JetStream, stream string, cons jetstream.Consumer) {
-	info := cons.CachedInfo()
-	if info == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-	defer cancel()
-	_ = js.DeleteConsumer(ctx, stream, info.Name)
-}
 
 // ms renders a millisecond count as a duration ("1s", "8s", "250ms").
 func ms(v int64) string { return (time.Duration(v) * time.Millisecond).String() }

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/testenv"
 )
@@ -105,9 +107,9 @@ func TestWriteStatusJSONNewline(t *testing.T) {
 }
 
 // errorConsumers returns the number of consumers of bus's error stream.
-func errorConsumers(t *testing.T, bus *events.Bus) (int, string) {
+func errorConsumers(t *testing.T, js jetstream.JetStream, bus *events.Bus) (int, string) {
 	t.Helper()
-	s, err := bus.JS.Stream(context.Background(), bus.StreamName("ERRORS"))
+	s, err := js.Stream(context.Background(), bus.StreamName(events.StreamErrors))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,14 +127,19 @@ func TestStatusLeavesNoConsumer(t *testing.T) {
 	defer func(d time.Duration) { consumerInactive = d }(consumerInactive)
 	consumerInactive = time.Second
 	ctx := context.Background()
-	bus, err := events.New(testenv.NATS(t), events.Config{Namespace: "ns", Memory: true}, nil)
+	nc := testenv.NATS(t)
+	bus, err := events.New(nc, events.Config{Namespace: "ns", Memory: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := bus.EnsureStreams(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.Publish(ctx, bus.Subjects.Error(events.ErrorFetch), events.TypeError, "e1",
+	if err := bus.Publish(ctx, bus.Subjects().Error(events.ErrorFetch), events.TypeError, "e1",
 		events.Error{Kind: events.ErrorFetch, Instance: "ns.a", Message: "HTTP 500"}); err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +152,7 @@ func TestStatusLeavesNoConsumer(t *testing.T) {
 		now.Add(-time.Minute).Format(time.RFC3339Nano), now.Format(time.RFC3339Nano), now.Format(time.RFC3339Nano))); err != nil {
 		t.Fatal(err)
 	}
-	before, _ := errorConsumers(t, bus)
+	before, _ := errorConsumers(t, js, bus)
 	st, err := ReadStatus(ctx, StatusConfig{Bus: bus})
 	if err != nil {
 		t.Fatal(err)
@@ -154,7 +161,7 @@ func TestStatusLeavesNoConsumer(t *testing.T) {
 		t.Errorf("summary %+v: want the ended leader entry and state_stale", st.Summary)
 	}
 	testenv.Wait(t, 5*time.Second, fmt.Sprintf("the error stream's consumers back to %d", before), func() (bool, string) {
-		n, s := errorConsumers(t, bus)
+		n, s := errorConsumers(t, js, bus)
 		return n == before, s
 	})
 }
@@ -167,7 +174,12 @@ func TestTailErrorsIdleKeepsConsumer(t *testing.T) {
 	defer func(d time.Duration) { consumerInactive = d }(consumerInactive)
 	consumerInactive = time.Second
 	ctx := context.Background()
-	bus, err := events.New(testenv.NATS(t), events.Config{Namespace: "ns", Memory: true}, nil)
+	nc := testenv.NATS(t)
+	bus, err := events.New(nc, events.Config{Namespace: "ns", Memory: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,10 +199,10 @@ func TestTailErrorsIdleKeepsConsumer(t *testing.T) {
 		return strings.Contains(notes.String(), "following error events on mat.errors.> of stream MAT_ERRORS: new ones"), notes.String()
 	})
 	time.Sleep(3 * consumerInactive)
-	if n, s := errorConsumers(t, bus); n != 1 {
+	if n, s := errorConsumers(t, js, bus); n != 1 {
 		t.Fatalf("after %v idle: %s, want the follower's one", 3*consumerInactive, s)
 	}
-	if err := bus.Publish(ctx, bus.Subjects.Error(events.ErrorFetch), events.TypeError, "e1",
+	if err := bus.Publish(ctx, bus.Subjects().Error(events.ErrorFetch), events.TypeError, "e1",
 		events.Error{Kind: events.ErrorFetch, Instance: "ns.a", Message: "HTTP 500"}); err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +215,7 @@ func TestTailErrorsIdleKeepsConsumer(t *testing.T) {
 	}
 	done <- nil
 	testenv.Wait(t, 5*time.Second, "no consumer left", func() (bool, string) {
-		n, s := errorConsumers(t, bus)
+		n, s := errorConsumers(t, js, bus)
 		return n == 0, s
 	})
 }
@@ -250,7 +262,7 @@ func TestStatusNoPipeline(t *testing.T) {
 	}
 	appear := func(b *events.Bus, key string) {
 		inst := events.Instance{Key: key, URL: "https://mat.example:1266", Scope: "static:t"}
-		if err := b.Publish(ctx, b.Subjects.Instance(key), events.TypeInstanceAppeared, key, inst); err != nil {
+		if err := b.Publish(ctx, b.Subjects().Instance(key), events.TypeInstanceAppeared, key, inst); err != nil {
 			t.Fatal(err)
 		}
 	}

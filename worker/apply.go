@@ -121,7 +121,7 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 		later = append(later, s)
 	}
 	later = w.freshDeletes(later, tag)
-	deferred := len(later) > 0 && w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) > 0
+	deferred := len(later) > 0 && w.storedJobs(ctx, events.StreamDelete, w.bus.Subjects().Delete(key)) > 0
 	if deferred {
 		// A fan-out of this instance is still being worked off (perhaps
 		// planned by another worker): add nothing now; once its queue is
@@ -162,7 +162,7 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	if err := w.publishDeletes(ctx, key, later, "stale", staleSuffix(tag), plannedAt); err != nil {
+	if err := w.publishDeletes(ctx, key, later, events.DeleteStale, staleSuffix(tag), plannedAt); err != nil {
 		return err
 	}
 	if len(transient) > 0 {

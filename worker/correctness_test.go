@@ -19,7 +19,7 @@ import (
 func (e *env) drainDeletes() {
 	e.t.Helper()
 	waitFor(e.t, "the delete queue drained", func() (bool, string) {
-		str, err := e.bus.JS.Stream(e.ctx, e.bus.StreamName("DELETE"))
+		str, err := e.js.Stream(e.ctx, e.bus.StreamName(events.StreamDelete))
 		if err != nil {
 			return false, err.Error()
 		}
@@ -42,7 +42,7 @@ func TestStaleDeleteOfWantedServiceKept(t *testing.T) {
 	host := before["mat-bmc-host-922f3d9b-20b-4da64654"]
 	job := events.DeleteJob{Key: e.key("mat-a"), Namespace: e.ns, Name: host.Name, UID: string(host.UID),
 		MatID: host.Annotations[plan.AnnotationMatID], Reason: "stale", PlannedAt: time.Now().Add(-time.Minute)}
-	if err := e.bus.Publish(e.ctx, e.bus.Subjects.Delete(job.Key), events.TypeDeleteJob, "test-stale-current-uid", job); err != nil {
+	if err := e.bus.Publish(e.ctx, e.bus.Subjects().Delete(job.Key), events.TypeDeleteJob, "test-stale-current-uid", job); err != nil {
 		t.Fatal(err)
 	}
 	e.drainDeletes()
@@ -73,7 +73,7 @@ func TestParkedDeleteAfterDeviceReturns(t *testing.T) {
 	// The sync that found the device gone made this job; it waits.
 	job := events.DeleteJob{Key: e.key("mat-a"), Namespace: e.ns, Name: svc.Name, UID: string(svc.UID),
 		MatID: id, Reason: "stale", PlannedAt: time.Now()}
-	if err := e.bus.Publish(e.ctx, e.bus.Subjects.Delete(job.Key), events.TypeDeleteJob, "test-parked", job); err != nil {
+	if err := e.bus.Publish(e.ctx, e.bus.Subjects().Delete(job.Key), events.TypeDeleteJob, "test-parked", job); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond)

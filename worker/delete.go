@@ -55,10 +55,10 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	}
 	present := found && rec.Present()
 	switch {
-	case job.Reason == "gone" && present:
+	case job.Reason == events.DeleteGone && present:
 		log.Info("delete skipped: instance is present again")
 		return nil
-	case job.Reason != "gone" && present:
+	case job.Reason != events.DeleteGone && present:
 		held, err := w.heldDelete(ctx, job)
 		if err != nil {
 			if ctx.Err() != nil {

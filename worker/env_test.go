@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -118,7 +119,8 @@ type env struct {
 
 	natsSrv *natsserver.Server
 	nc      *nats.Conn
-	bus     *events.Bus // the test's own handle, for raw publishes and reads
+	bus     *events.Bus         // the test's own handle, for publishes and reads
+	js      jetstream.JetStream // on nc, for raw publishes and stream reads past the bus
 	errs    *errSink
 	logs    *syncBuffer
 	log     *slog.Logger
@@ -182,11 +184,14 @@ func newEnv(t *testing.T) *env {
 		t.Fatalf("nats: %v", err)
 	}
 	e.nc, e.bus = e.connect("test")
+	if e.js, err = jetstream.New(e.nc); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.bus.EnsureStreams(ctx); err != nil {
 		t.Fatalf("streams: %v", err)
 	}
 	e.errs = &errSink{}
-	if _, err := e.nc.Subscribe(e.bus.Subjects.Errors(), e.errs.add); err != nil {
+	if _, err := e.nc.Subscribe(e.bus.Subjects().Errors(), e.errs.add); err != nil {
 		t.Fatalf("subscribe errors: %v", err)
 	}
 	if err := e.nc.Flush(); err != nil {

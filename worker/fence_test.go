@@ -27,7 +27,7 @@ func TestDeposedLeaderMessagesRefused(t *testing.T) {
 	simA := e.startSim(matsim.Options{Fleet: fixtureFleet(t, fixtureV2Mixed)})
 	simB := e.startSim(matsim.Options{Fleet: generatedFleet(t, "10.96.98.0/24", 5)})
 	w := e.startWorker(workerOpts{Name: "w1"})
-	s := e.bus.Subjects
+	s := e.bus.Subjects()
 	keyA, keyB := e.key("mat-a"), e.key("mat-b")
 	current := &events.Epoch{Lease: e.ns + "/matbus-discovery", Term: 5, Leader: "disc-2"}
 	deposed := &events.Epoch{Lease: current.Lease, Term: 4, Leader: "disc-1"}

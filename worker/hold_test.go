@@ -453,7 +453,7 @@ func TestHoldBucketCreatedByWorker(t *testing.T) {
 	e.waitServices(wantServiceNames(fleet)...)
 	ctx, cancel := context.WithTimeout(e.ctx, 5*time.Second)
 	defer cancel()
-	if err := e.bus.JS.DeleteKeyValue(ctx, e.bus.StateBucket()); err != nil {
+	if err := e.js.DeleteKeyValue(ctx, e.bus.StateBucket()); err != nil {
 		t.Fatalf("delete the state bucket: %v", err)
 	}
 	w.Stop()
@@ -536,7 +536,7 @@ func TestHoldKeepsQueuedDeleteJobs(t *testing.T) {
 	kept0 := h.w.Stats().DeletesKept
 	job := events.DeleteJob{Key: h.key, Namespace: h.e.ns, Name: victim.Name, UID: string(victim.UID),
 		MatID: victim.Annotations[plan.AnnotationMatID], Reason: "stale", PlannedAt: r.Since.Add(-time.Second)}
-	if err := h.e.bus.Publish(h.e.ctx, h.e.bus.Subjects.Delete(h.key), events.TypeDeleteJob, "test-queued-before-hold", job); err != nil {
+	if err := h.e.bus.Publish(h.e.ctx, h.e.bus.Subjects().Delete(h.key), events.TypeDeleteJob, "test-queued-before-hold", job); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the delete job kept", func() (bool, string) {

@@ -18,13 +18,12 @@ import (
 // current set. Every InstanceResync the cache is also checked against the
 // stream, which catches gone events lost with a server's store.
 func (w *Worker) runInstances(ctx context.Context) {
-	stream := w.bus.StreamName("INSTANCES")
 	delay := 100 * time.Millisecond
 	resync := time.NewTicker(w.cfg.InstanceResync)
 	defer resync.Stop()
 	for ctx.Err() == nil {
-		cons, err := w.bus.JS.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{w.bus.Subjects.InstancesIn(w.cfg.Plan.Namespace)},
+		cons, err := w.bus.OrderedConsumer(ctx, events.StreamInstances, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{w.bus.Subjects().InstancesIn(w.cfg.Plan.Namespace)},
 			DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 		})
 		if err != nil {
@@ -181,12 +180,12 @@ func (w *Worker) sweepGone(ctx context.Context, recs map[string]events.InstanceR
 		}
 		// Jobs of the instance still stored: a clean-up is under way or
 		// being retried; do not pile another one on.
-		if w.storedJobs(ctx, "SYNC", w.bus.Subjects.Cleanup(key)) != 0 || w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) != 0 {
+		if w.storedJobs(ctx, events.StreamSync, w.bus.Subjects().Cleanup(key)) != 0 || w.storedJobs(ctx, events.StreamDelete, w.bus.Subjects().Delete(key)) != 0 {
 			continue
 		}
 		id := fmt.Sprintf("sweep:%s:%d:%d", key, rec.Seq, time.Now().UnixNano()/period)
 		job := events.CleanupJob{Key: key, Scope: rec.Instance.Scope}
-		if err := w.bus.Publish(ctx, w.bus.Subjects.Cleanup(key), events.TypeCleanupJob, id, job); err != nil {
+		if err := w.bus.Publish(ctx, w.bus.Subjects().Cleanup(key), events.TypeCleanupJob, id, job); err != nil {
 			w.log.Warn("clean-up sweep not published", "instance", key, "error", err)
 			continue
 		}
@@ -194,20 +193,12 @@ func (w *Worker) sweepGone(ctx context.Context, recs map[string]events.InstanceR
 	}
 }
 
-// storedJobs counts the messages stored on subject in the stream of role
-// ("SYNC", "DELETE"); -1 when that cannot be read.
-func (w *Worker) storedJobs(ctx context.Context, role, subject string) int64 {
-	s, err := w.bus.JS.Stream(ctx, w.bus.StreamName(role))
+// storedJobs counts the messages stored on subject in the stream of role;
+// -1 when that cannot be read.
+func (w *Worker) storedJobs(ctx context.Context, role events.Role, subject string) int64 {
+	n, err := w.bus.StoredMessages(ctx, role, subject)
 	if err != nil {
 		return -1
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(subject))
-	if err != nil {
-		return -1
-	}
-	var n int64
-	for _, c := range info.State.Subjects {
-		n += int64(c)
 	}
 	return n
 }

@@ -819,7 +819,7 @@ func TestGarbageJobs(t *testing.T) {
 	w := e.startWorker(workerOpts{})
 	e.waitServices(v2MixedNames()...)
 
-	s := e.bus.Subjects
+	s := e.bus.Subjects()
 	future := fmt.Sprintf(`{"schema":99,"type":"io.matbus.job.sync","id":"future-1","time":%q,"source":"test","data":{"key":%q,"reason":"tick"}}`,
 		time.Now().UTC().Format(time.RFC3339Nano), e.key("mat-a"))
 	garbage := map[string]string{
@@ -831,7 +831,7 @@ func TestGarbageJobs(t *testing.T) {
 		s.Instance(e.key("bogus")): "not json",
 	}
 	for subj, body := range garbage {
-		if _, err := e.bus.JS.Publish(e.ctx, subj, []byte(body)); err != nil {
+		if _, err := e.js.Publish(e.ctx, subj, []byte(body)); err != nil {
 			t.Fatalf("publish %s: %v", subj, err)
 		}
 	}
@@ -852,8 +852,8 @@ func TestGarbageJobs(t *testing.T) {
 	// Terminated: nothing of them is left in the work queues.
 	waitFor(t, "garbage gone from the work queues", func() (bool, string) {
 		var left []string
-		for _, stream := range []string{e.bus.StreamName("SYNC"), e.bus.StreamName("DELETE")} {
-			str, err := e.bus.JS.Stream(e.ctx, stream)
+		for _, stream := range []string{e.bus.StreamName(events.StreamSync), e.bus.StreamName(events.StreamDelete)} {
+			str, err := e.js.Stream(e.ctx, stream)
 			if err != nil {
 				return false, err.Error()
 			}
@@ -942,7 +942,7 @@ func TestTwoWorkersConverge(t *testing.T) {
 	}
 	// Extra sync jobs right away, so that both workers sync at once.
 	for i := range 2 {
-		if err := e.bus.Publish(e.ctx, e.bus.Subjects.Sync(e.key("mat-a")), events.TypeSyncJob,
+		if err := e.bus.Publish(e.ctx, e.bus.Subjects().Sync(e.key("mat-a")), events.TypeSyncJob,
 			fmt.Sprintf("race-%d", i), events.SyncJob{Key: e.key("mat-a"), Reason: "test"}); err != nil {
 			t.Fatal(err)
 		}
@@ -1198,7 +1198,7 @@ func TestDeleteJobSafety(t *testing.T) {
 		{Key: e.key("mat-a"), Namespace: e.ns, Name: "mat-bmc-host-not-there", UID: "0b5e1e7e-0000-4000-8000-000000000001", Reason: "stale"},
 	}
 	for i, j := range jobs {
-		if err := e.bus.Publish(e.ctx, e.bus.Subjects.Delete(j.Key), events.TypeDeleteJob, fmt.Sprintf("test-del-%d", i), j); err != nil {
+		if err := e.bus.Publish(e.ctx, e.bus.Subjects().Delete(j.Key), events.TypeDeleteJob, fmt.Sprintf("test-del-%d", i), j); err != nil {
 			t.Fatal(err)
 		}
 	}

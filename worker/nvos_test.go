@@ -53,7 +53,7 @@ func TestNVOSServiceLifecycle(t *testing.T) {
 			// A stale delete job with the current UID: the newest status still wants it.
 			job := events.DeleteJob{Key: e.key("mat-a"), Namespace: e.ns, Name: nv.Name, UID: string(nv.UID),
 				MatID: nv.Annotations[plan.AnnotationMatID], Reason: "stale", PlannedAt: time.Now().Add(-time.Minute)}
-			if err := e.bus.Publish(e.ctx, e.bus.Subjects.Delete(job.Key), events.TypeDeleteJob, "test-stale-nvos", job); err != nil {
+			if err := e.bus.Publish(e.ctx, e.bus.Subjects().Delete(job.Key), events.TypeDeleteJob, "test-stale-nvos", job); err != nil {
 				t.Fatal(err)
 			}
 			e.drainDeletes()

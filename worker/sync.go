@@ -122,7 +122,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	if err != nil {
 		if isEventErr(err) {
-			w.report.Report(ctx, events.Error{Kind: events.ErrorEvent, Instance: key, Subject: w.bus.Subjects.Instance(key),
+			w.report.Report(ctx, events.Error{Kind: events.ErrorEvent, Instance: key, Subject: w.bus.Subjects().Instance(key),
 				Message: fmt.Sprintf("stored instance record is unreadable: %v", err), Permanent: true})
 			return events.SyncResult{Outcome: events.OutcomeSkipped, Error: err.Error()}, nil
 		}
@@ -293,7 +293,7 @@ func unmet(desired []*corev1.Service, p plan.Plan, applied bool) []*corev1.Servi
 // or cannot be read: the instance is then planned again although nothing
 // changed, so those deletes are published.
 func (w *Worker) deferredDeletesDue(ctx context.Context, key string) bool {
-	return w.memo.deferredPlan(key) && w.storedJobs(ctx, "DELETE", w.bus.Subjects.Delete(key)) <= 0
+	return w.memo.deferredPlan(key) && w.storedJobs(ctx, events.StreamDelete, w.bus.Subjects().Delete(key)) <= 0
 }
 
 // fpTag is a short form of a status fingerprint for delete job ids ("" for none).
@@ -496,7 +496,7 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 		suffix = "@" + jobID
 	}
 	w.memo.forget(key)
-	return w.publishDeletes(ctx, key, del, "gone", suffix, time.Time{})
+	return w.publishDeletes(ctx, key, del, events.DeleteGone, suffix, time.Time{})
 }
 
 // publishDeletes publishes one delete job per Service with Nats-Msg-Id
@@ -505,7 +505,7 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 //
 // Stale deletes are remembered (see freshDeletes): a poll during a long
 // fan-out does not publish every waiting delete again.
-func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason, idSuffix string, plannedAt time.Time) error {
+func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason events.DeleteReason, idSuffix string, plannedAt time.Time) error {
 	var (
 		mu   sync.Mutex
 		errs []string
@@ -520,13 +520,13 @@ func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			if err := w.bus.Publish(ctx, w.bus.Subjects.Delete(key), events.TypeDeleteJob, "del-"+string(s.UID)+idSuffix, job); err != nil {
+			if err := w.bus.Publish(ctx, w.bus.Subjects().Delete(key), events.TypeDeleteJob, "del-"+string(s.UID)+idSuffix, job); err != nil {
 				mu.Lock()
 				errs = append(errs, fmt.Sprintf("%s: %v", s.Name, err))
 				mu.Unlock()
 				return
 			}
-			if reason == "stale" {
+			if reason == events.DeleteStale {
 				w.pendingDeletes.Store(string(s.UID)+idSuffix, time.Now())
 			}
 			w.deleteJobs.Add(1)

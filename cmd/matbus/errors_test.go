@@ -42,7 +42,7 @@ func TestErrorsSince(t *testing.T) {
 	rep.Report(ctx, events.Error{Kind: events.ErrorDelete, Instance: "ns.mat-0", Service: "ns/mat-bmc-host-a", Message: "forbidden", Permanent: true})
 	rep.Report(ctx, events.Error{Kind: events.ErrorFetch, Instance: "ns.mat-1", URL: "https://h:1266", Message: "HTTP 500"})
 	rep.Report(ctx, events.Error{Kind: events.ErrorWatch, Message: "list and watch services work again after 3s", Resolved: true})
-	if _, err := bus.JS.Publish(ctx, "mat.errors.fetch", []byte("garbage")); err != nil {
+	if err := bus.PublishRaw(ctx, "mat.errors.fetch", "", []byte("garbage")); err != nil {
 		t.Fatal(err)
 	}
 

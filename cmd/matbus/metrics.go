@@ -122,15 +122,14 @@ func (c *consumerCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	ns := c.bus.Config().Namespace
-	for _, r := range []struct{ role, stream string }{{events.SyncConsumer, "SYNC"}, {events.DeleteConsumer, "DELETE"}} {
+	for _, role := range []string{events.SyncConsumer, events.DeleteConsumer} {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		name := events.ConsumerName(r.role, ns)
-		cons, err := c.bus.JS.Consumer(ctx, c.bus.StreamName(r.stream), name)
+		name := events.ConsumerName(role, ns)
+		info, err := c.bus.ConsumerInfo(ctx, role)
 		cancel()
 		if err != nil {
 			continue
 		}
-		info := cons.CachedInfo()
 		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(info.NumPending), name)
 		ch <- prometheus.MustNewConstMetric(c.ackPending, prometheus.GaugeValue, float64(info.NumAckPending), name)
 		ch <- prometheus.MustNewConstMetric(c.redeliv, prometheus.GaugeValue, float64(info.NumRedelivered), name)

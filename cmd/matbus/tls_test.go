@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/matbus/matbus/events"
 )
@@ -220,7 +221,11 @@ func TestNATSTLS(t *testing.T) {
 	// The streams were made over TLS with the replicas asked for.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s, err := bus.JS.Stream(ctx, bus.StreamName("INSTANCES"))
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, bus.StreamName(events.StreamInstances))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -680,7 +680,7 @@ func (e *e2e) natsOutage(small *mat) string {
 				return false, "stream " + sc.Name + ": " + err.Error()
 			}
 		}
-		for stream, role := range map[string]string{bus.StreamName("SYNC"): events.SyncConsumer, bus.StreamName("DELETE"): events.DeleteConsumer} {
+		for stream, role := range map[string]string{bus.StreamName(events.StreamSync): events.SyncConsumer, bus.StreamName(events.StreamDelete): events.DeleteConsumer} {
 			name := events.ConsumerName(role, namespace)
 			if _, err := js.Consumer(ctx, stream, name); err != nil {
 				return false, "consumer " + stream + "/" + name + ": " + err.Error()
