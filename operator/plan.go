@@ -4,17 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/owner"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 )
@@ -63,19 +62,14 @@ func Instances(ctx context.Context, src discovery.Source) ([]events.Instance, er
 	if err := src.Run(sctx, func() {}); err != nil {
 		return nil, fmt.Errorf("operator: discovery %s: %w", src.Scope(), err)
 	}
-	for {
-		if insts, ok := src.Instances(); ok {
-			if len(insts) == 0 {
-				return nil, fmt.Errorf("%w (discovery %s)", ErrNoInstance, src.Scope())
-			}
-			return insts, nil
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("operator: discovery %s did not sync: %w", src.Scope(), ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+	insts, err := discovery.WaitSynced(ctx, src)
+	if err != nil {
+		return nil, fmt.Errorf("operator: discovery %s did not sync: %w", src.Scope(), err)
 	}
+	if len(insts) == 0 {
+		return nil, fmt.Errorf("%w (discovery %s)", ErrNoInstance, src.Scope())
+	}
+	return insts, nil
 }
 
 // Plan fetches every instance's status once, lists the live Services of
@@ -117,7 +111,11 @@ func Plan(ctx context.Context, cfg PlanConfig, insts []events.Instance) (*Report
 	if r.IPMode == "" {
 		r.IPMode = plan.IPModeClusterIP
 	}
-	idx := newLiveIndex(live, cfg.Options)
+	idx := plan.NewListIndex(live)
+	mb := cfg.Options.ManagedBy
+	if mb == "" {
+		mb = plan.DefaultManagedBy
+	}
 	for i, in := range insts {
 		ip := InstancePlan{Key: in.Key, URL: in.URL, PodName: in.PodName, Owner: in.Owner}
 		if sts[i].err != nil {
@@ -125,18 +123,19 @@ func Plan(ctx context.Context, cfg PlanConfig, insts []events.Instance) (*Report
 			r.Instances = append(r.Instances, ip)
 			continue
 		}
-		owner, oerr := ownerRef(ctx, cfg.Kube, in)
+		owner, oerr := owner.Lookup(ctx, cfg.Kube, in)
 		if oerr != nil {
 			ip.Error = fmt.Sprintf("owner Deployment not readable, planned without an owner reference as the worker would: %v", oerr)
 		}
 		d := plan.Build(plan.Instance{Key: in.Key, PodName: in.PodName, Owner: owner}, sts[i].st, cfg.Options)
-		existing := idx.existing(in.Key, d.Services)
-		if cfg.Options.IPMode == plan.IPModeExternalIP {
-			d.ForeignIPs = idx.foreignIPs(plan.LabelValue(in.Key), existing)
+		existing, foreign, err := plan.Existing(idx, in.Key, d.Services, cfg.Options)
+		if err != nil {
+			return nil, fmt.Errorf("operator: plan %s: %w", in.Key, err)
 		}
+		d.ForeignIPs = foreign
 		p := plan.Diff(d, existing, cfg.Options)
 		p = ip.hold(cfg, in.Key, sts[i], d, existing, p)
-		ip.fill(d, p, idx.managedBy)
+		ip.fill(d, p, plan.LabelValue(mb))
 		r.Instances = append(r.Instances, ip)
 	}
 	r.count()
@@ -212,93 +211,4 @@ func fetchAll(ctx context.Context, cfg PlanConfig, insts []events.Instance) []fe
 	}
 	wg.Wait()
 	return out
-}
-
-// ownerRef is the worker's owner lookup: the instance's MAT Deployment
-// (in the namespace of its key), nil when it has none or it does not exist;
-// an error when it cannot be read.
-func ownerRef(ctx context.Context, kube kubernetes.Interface, in events.Instance) (*metav1.OwnerReference, error) {
-	if in.Owner == "" {
-		return nil, nil
-	}
-	ns, _, err := events.SplitKey(in.Key)
-	if err != nil {
-		return nil, nil
-	}
-	d, err := kube.AppsV1().Deployments(ns).Get(ctx, in.Owner, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get Deployment %s/%s: %w", ns, in.Owner, err)
-	}
-	return &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "Deployment", Name: d.Name, UID: d.UID}, nil
-}
-
-// liveIndex is the listed Services as the worker's informer indexes them:
-// only Services with our managed-by value, by instance label and by the IP
-// they publish; plus every listed Service by name.
-type liveIndex struct {
-	managedBy string
-	byName    map[string]*corev1.Service
-	byInst    map[string][]*corev1.Service // "" key: ours without an instance label
-	byIP      map[string][]*corev1.Service
-}
-
-func newLiveIndex(live []*corev1.Service, opts plan.Options) *liveIndex {
-	mb := opts.ManagedBy
-	if mb == "" {
-		mb = plan.DefaultManagedBy
-	}
-	x := &liveIndex{managedBy: plan.LabelValue(mb), byName: map[string]*corev1.Service{},
-		byInst: map[string][]*corev1.Service{}, byIP: map[string][]*corev1.Service{}}
-	for _, s := range live {
-		x.byName[s.Name] = s
-		if s.Labels[plan.LabelManagedBy] != x.managedBy {
-			continue
-		}
-		inst := s.Labels[plan.LabelInstance] // "" when absent: the old controller's
-		x.byInst[inst] = append(x.byInst[inst], s)
-		if ip := plan.ServiceIP(s); ip != "" {
-			x.byIP[ip] = append(x.byIP[ip], s)
-		}
-	}
-	return x
-}
-
-// existing is the worker's existing(): the Services of instance key, the
-// old controller's, and any listed Service holding a desired name, sorted
-// by name.
-func (x *liveIndex) existing(key string, desired []*corev1.Service) []*corev1.Service {
-	var out []*corev1.Service
-	seen := map[string]bool{}
-	add := func(s *corev1.Service) {
-		if !seen[s.Name] {
-			seen[s.Name] = true
-			out = append(out, s)
-		}
-	}
-	if v := plan.LabelValue(key); v != "" {
-		for _, s := range x.byInst[v] {
-			add(s)
-		}
-	}
-	for _, s := range x.byInst[""] {
-		if _, ok := s.Labels[plan.LabelInstance]; !ok {
-			add(s)
-		}
-	}
-	for _, d := range desired {
-		if s, ok := x.byName[d.Name]; ok {
-			add(s)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out
-}
-
-// foreignIPs is the worker's: plan.ForeignIPs over the live Services by
-// IP.
-func (x *liveIndex) foreignIPs(inst string, existing []*corev1.Service) map[string]string {
-	return plan.ForeignIPs(inst, existing, func(ip string) []*corev1.Service { return x.byIP[ip] })
 }
