@@ -93,15 +93,8 @@ func (p *Publisher) Run(ctx context.Context) error {
 		return err
 	}
 	// Wait for the source to sync before anything can be declared gone.
-	for {
-		if _, ok := p.src.Instances(); ok {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(100 * time.Millisecond):
-		}
+	if _, err := WaitSynced(ctx, p.src); err != nil {
+		return nil
 	}
 	sc := p.sched.Config()
 	p.log.Info("discovery publishing", "scope", p.src.Scope(), "sync_interval", sc.SyncInterval, "poll_interval", sc.PollInterval, "poll_max_interval", sc.PollMaxInterval)

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"sigs.k8s.io/yaml"
 
@@ -170,4 +171,20 @@ func (s *StaticSource) Set(entries []StaticEntry) error {
 	default: // a notification is already pending
 	}
 	return nil
+}
+
+// WaitSynced polls src every 100 ms until it has synced and returns its
+// instances then (sorted by key, possibly none). src must be running (its
+// Run called). Errors: ctx ends first (ctx.Err(), unwrapped).
+func WaitSynced(ctx context.Context, src Source) ([]events.Instance, error) {
+	for {
+		if insts, ok := src.Instances(); ok {
+			return insts, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
