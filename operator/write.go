@@ -30,76 +30,100 @@ func WriteText(w io.Writer, r *Report) error {
 	b := &strings.Builder{}
 	fmt.Fprintf(b, "namespace %s, --bmc-ip-mode %s: %d Services listed, %d instances\n", r.Namespace, r.IPMode, r.Services, len(r.Instances))
 	for _, ip := range r.Instances {
-		fmt.Fprintf(b, "\ninstance %s (%s", ip.Key, ip.URL)
-		if ip.PodName != "" {
-			fmt.Fprintf(b, ", pod %s", ip.PodName)
-		}
-		if ip.Owner != "" {
-			fmt.Fprintf(b, ", owner Deployment %s", ip.Owner)
-		}
-		b.WriteString(")\n")
-		if ip.Error != "" {
-			fmt.Fprintf(b, "  ERROR     %s\n", ip.Error)
-		}
-		if ip.Plan == nil {
-			continue
-		}
-		for _, c := range ip.Create {
-			fmt.Fprintf(b, "  create    %s  %s %s, mat_id %s\n", c.Name, c.MachineType, c.IP, c.MatID)
-		}
-		for _, c := range ip.Update {
-			note := ""
-			if c.Adopt {
-				note = "  (adopts the old controller's Service)"
-			}
-			fmt.Fprintf(b, "  update    %s%s\n", c.Name, note)
-			writeFields(b, c.Fields)
-		}
-		for _, c := range ip.Recreate {
-			fmt.Fprintf(b, "  recreate  %s  %s\n", c.Name, c.Reason)
-			writeFields(b, c.Fields)
-		}
-		for _, d := range ip.Delete {
-			fmt.Fprintf(b, "  delete    %s  mat_id %s\n", d.Name, d.MatID)
-		}
-		for _, c := range ip.Adopt {
-			fmt.Fprintf(b, "  adopt     %s  %s\n", c.Name, additionsText(c.Fields))
-		}
-		for _, s := range ip.Skipped {
-			fmt.Fprintf(b, "  skip      %s  %s\n", s.Name, s.Reason)
-		}
-		if dh := ip.DeleteHold; dh != nil {
-			switch {
-			case !dh.Until.IsZero():
-				fmt.Fprintf(b, "  deletes held until %s (%s: %s); they run only if a status fetched then still lacks the devices:\n",
-					dh.Until.UTC().Format(time.RFC3339), dh.Reason, dh.Detail)
-			default:
-				fmt.Fprintf(b, "  deletes a worker would hold for %s (%s: %s); they run only if a status fetched then still lacks the devices:\n",
-					dh.Window, dh.Reason, dh.Detail)
-			}
-			if dh.Unknown != "" {
-				fmt.Fprintf(b, "  (%s)\n", dh.Unknown)
-			}
-			for _, d := range ip.HeldDeletes {
-				fmt.Fprintf(b, "  hold      %s  mat_id %s\n", d.Name, d.MatID)
-			}
-		}
-		for _, h := range ip.Held {
-			name := h.Name
-			if name == "" {
-				name = "(no name)"
-			}
-			fmt.Fprintf(b, "  held      %s  mat_id %s: %s", name, h.MatID, h.Reason)
-			if h.Detail != "" {
-				fmt.Fprintf(b, " (%s)", h.Detail)
-			}
-			b.WriteString("\n")
-		}
-		if ip.Changes() == 0 && ip.Error == "" {
-			fmt.Fprintf(b, "  no change (%d adoptions)\n", len(ip.Adopt))
-		}
+		writeInstanceText(b, ip)
 	}
 	b.WriteString("\n")
+	writeSummaryText(b, r)
+	b.WriteString("\n")
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("operator: write plan: %w", err)
+	}
+	return nil
+}
+
+// writeInstanceText writes one instance's part of WriteText: its heading,
+// its error, one line per Service action, and its held deletes.
+func writeInstanceText(b *strings.Builder, ip InstancePlan) {
+	fmt.Fprintf(b, "\ninstance %s (%s", ip.Key, ip.URL)
+	if ip.PodName != "" {
+		fmt.Fprintf(b, ", pod %s", ip.PodName)
+	}
+	if ip.Owner != "" {
+		fmt.Fprintf(b, ", owner Deployment %s", ip.Owner)
+	}
+	b.WriteString(")\n")
+	if ip.Error != "" {
+		fmt.Fprintf(b, "  ERROR     %s\n", ip.Error)
+	}
+	if ip.Plan == nil {
+		return
+	}
+	for _, c := range ip.Create {
+		fmt.Fprintf(b, "  create    %s  %s %s, mat_id %s\n", c.Name, c.MachineType, c.IP, c.MatID)
+	}
+	for _, c := range ip.Update {
+		note := ""
+		if c.Adopt {
+			note = "  (adopts the old controller's Service)"
+		}
+		fmt.Fprintf(b, "  update    %s%s\n", c.Name, note)
+		writeFields(b, c.Fields)
+	}
+	for _, c := range ip.Recreate {
+		fmt.Fprintf(b, "  recreate  %s  %s\n", c.Name, c.Reason)
+		writeFields(b, c.Fields)
+	}
+	for _, d := range ip.Delete {
+		fmt.Fprintf(b, "  delete    %s  mat_id %s\n", d.Name, d.MatID)
+	}
+	for _, c := range ip.Adopt {
+		fmt.Fprintf(b, "  adopt     %s  %s\n", c.Name, additionsText(c.Fields))
+	}
+	for _, s := range ip.Skipped {
+		fmt.Fprintf(b, "  skip      %s  %s\n", s.Name, s.Reason)
+	}
+	writeHoldText(b, ip)
+	if ip.Changes() == 0 && ip.Error == "" {
+		fmt.Fprintf(b, "  no change (%d adoptions)\n", len(ip.Adopt))
+	}
+}
+
+// writeHoldText writes the deletes a worker holds (why and until when) and
+// the devices held back from a Service.
+func writeHoldText(b *strings.Builder, ip InstancePlan) {
+	if dh := ip.DeleteHold; dh != nil {
+		switch {
+		case !dh.Until.IsZero():
+			fmt.Fprintf(b, "  deletes held until %s (%s: %s); they run only if a status fetched then still lacks the devices:\n",
+				dh.Until.UTC().Format(time.RFC3339), dh.Reason, dh.Detail)
+		default:
+			fmt.Fprintf(b, "  deletes a worker would hold for %s (%s: %s); they run only if a status fetched then still lacks the devices:\n",
+				dh.Window, dh.Reason, dh.Detail)
+		}
+		if dh.Unknown != "" {
+			fmt.Fprintf(b, "  (%s)\n", dh.Unknown)
+		}
+		for _, d := range ip.HeldDeletes {
+			fmt.Fprintf(b, "  hold      %s  mat_id %s\n", d.Name, d.MatID)
+		}
+	}
+	for _, h := range ip.Held {
+		name := h.Name
+		if name == "" {
+			name = "(no name)"
+		}
+		fmt.Fprintf(b, "  held      %s  mat_id %s: %s", name, h.MatID, h.Reason)
+		if h.Detail != "" {
+			fmt.Fprintf(b, " (%s)", h.Detail)
+		}
+		b.WriteString("\n")
+	}
+}
+
+// writeSummaryText writes WriteText's summary line (without its newline):
+// the changes by kind, or "no change"; the instances not planned; the
+// deletes held.
+func writeSummaryText(b *strings.Builder, r *Report) {
 	creates, updates, recreates, deletes := 0, 0, 0, 0
 	for _, ip := range r.Instances {
 		creates += len(ip.Create)
@@ -131,11 +155,6 @@ func WriteText(w io.Writer, r *Report) error {
 	if held > 0 {
 		fmt.Fprintf(b, "; %d deletes held (not changes: many devices vanished at once)", held)
 	}
-	b.WriteString("\n")
-	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("operator: write plan: %w", err)
-	}
-	return nil
 }
 
 // writeFields writes one line per field change:

@@ -201,52 +201,9 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 		return d
 	}
 
-	type candidate struct {
-		dev    *matclient.Device
-		parent *matclient.Device
-		typ    MachineType // MachineTypeNVOS for a switch's NVOS Service
-		name   string
-		ip     string // BMC IP, or NVOS IP
-		order  int
-	}
-	var cands []candidate
-	order := 0
-	st.Walk(func(dev, parent *matclient.Device) {
-		typ := MachineTypeOf(dev.Kind)
-		name := ServiceName(typ, dev.MatID)
-		order++
-		if dev.BMC.IP == "" {
-			d.Held = append(d.Held, Hold{MatID: dev.MatID, Name: name, Reason: HoldNoBMCIP})
-		} else {
-			cands = append(cands, candidate{dev: dev, parent: parent, typ: typ, name: name, ip: dev.BMC.IP, order: order})
-		}
-		if dev.Kind == matclient.KindSwitch && dev.NvosIP != "" {
-			cands = append(cands, candidate{dev: dev, typ: MachineTypeNVOS, name: NVOSServiceName(dev.MatID), ip: dev.NvosIP, order: order})
-		}
-	})
-	// By mat_id, a device's BMC Service before its NVOS Service, then body
-	// order.
-	isNVOS := func(c candidate) int {
-		if c.typ == MachineTypeNVOS {
-			return 1
-		}
-		return 0
-	}
-	slices.SortFunc(cands, func(a, b candidate) int {
-		return cmp.Or(cmp.Compare(a.dev.MatID, b.dev.MatID), cmp.Compare(isNVOS(a), isNVOS(b)), cmp.Compare(a.order, b.order))
-	})
-
-	for _, inv := range st.Invalid {
-		h := Hold{MatID: inv.MatID, Reason: HoldInvalidDevice, Detail: inv.Path + ": " + inv.Reason}
-		if inv.MatID != "" {
-			typ := MachineTypeHost
-			if inv.Nested() {
-				typ = MachineTypeDPU
-			}
-			h.Name = ServiceName(typ, inv.MatID)
-		}
-		d.Held = append(d.Held, h)
-	}
+	cands, noIP := candidates(st)
+	d.Held = append(d.Held, noIP...)
+	d.Held = append(d.Held, invalidHolds(st)...)
 
 	type ipUse struct {
 		matID string
@@ -302,6 +259,67 @@ func Build(inst Instance, st *matclient.Status, opts Options) Desired {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.MatID, b.MatID))
 	})
 	return d
+}
+
+// candidate is a Service that Build may make: a device's BMC Service, or
+// a switch's NVOS Service.
+type candidate struct {
+	dev    *matclient.Device
+	parent *matclient.Device
+	typ    MachineType // MachineTypeNVOS for a switch's NVOS Service
+	name   string
+	ip     string // BMC IP, or NVOS IP
+	order  int
+}
+
+// candidates returns the Services of st's devices that have an IP, by
+// mat_id, a device's BMC Service before its NVOS Service, then body order;
+// and a HoldNoBMCIP for each device without a BMC IP, in body order.
+func candidates(st *matclient.Status) ([]candidate, []Hold) {
+	var cands []candidate
+	var held []Hold
+	order := 0
+	st.Walk(func(dev, parent *matclient.Device) {
+		typ := MachineTypeOf(dev.Kind)
+		name := ServiceName(typ, dev.MatID)
+		order++
+		if dev.BMC.IP == "" {
+			held = append(held, Hold{MatID: dev.MatID, Name: name, Reason: HoldNoBMCIP})
+		} else {
+			cands = append(cands, candidate{dev: dev, parent: parent, typ: typ, name: name, ip: dev.BMC.IP, order: order})
+		}
+		if dev.Kind == matclient.KindSwitch && dev.NvosIP != "" {
+			cands = append(cands, candidate{dev: dev, typ: MachineTypeNVOS, name: NVOSServiceName(dev.MatID), ip: dev.NvosIP, order: order})
+		}
+	})
+	isNVOS := func(c candidate) int {
+		if c.typ == MachineTypeNVOS {
+			return 1
+		}
+		return 0
+	}
+	slices.SortFunc(cands, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.dev.MatID, b.dev.MatID), cmp.Compare(isNVOS(a), isNVOS(b)), cmp.Compare(a.order, b.order))
+	})
+	return cands, held
+}
+
+// invalidHolds returns a HoldInvalidDevice for each entry of st.Invalid,
+// named as the Service of its mat_id as a DPU (nested) or host.
+func invalidHolds(st *matclient.Status) []Hold {
+	var held []Hold
+	for _, inv := range st.Invalid {
+		h := Hold{MatID: inv.MatID, Reason: HoldInvalidDevice, Detail: inv.Path + ": " + inv.Reason}
+		if inv.MatID != "" {
+			typ := MachineTypeHost
+			if inv.Nested() {
+				typ = MachineTypeDPU
+			}
+			h.Name = ServiceName(typ, inv.MatID)
+		}
+		held = append(held, h)
+	}
+	return held
 }
 
 // sharedFields are the parts of every Service of one Build call.
