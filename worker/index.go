@@ -2,7 +2,6 @@ package worker
 
 import (
 	"fmt"
-	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -18,9 +17,8 @@ import (
 const byInstance = "matbus.instance"
 
 // noInstanceLabel is the index value of a Service without the instance
-// label (an old controller's Service). It is not a valid label value, so no
-// instance's label can take it.
-const noInstanceLabel = "\x00none"
+// label (an old controller's): plan.NoInstance.
+const noInstanceLabel = plan.NoInstance
 
 // instanceIndex indexes a Service by the value of its instance label, or by
 // noInstanceLabel when it has none. The informer holds only Services
@@ -76,59 +74,50 @@ func ipIndex(obj any) ([]string, error) {
 	return nil, nil
 }
 
-// foreignIPs is plan.ForeignIPs over the informer's index by IP: the IPs
-// that other instances publish among the cluster IPs of mine (the Services
-// of instance label value inst). nil when none or when the index is missing
-// (nothing is recreated on a guess).
-func (w *Worker) foreignIPs(inst string, mine []*corev1.Service) map[string]string {
-	if w.byInst == nil {
+// informerIndex is the Service informer's indexer as a plan.Index: it
+// holds only the Services of the worker's managed-by value (the informer's
+// label selector).
+type informerIndex struct{ w *Worker }
+
+// ByInstance implements plan.Index (Worker.indexed).
+func (x informerIndex) ByInstance(value string) ([]*corev1.Service, error) { return x.w.indexed(value) }
+
+// ByIP implements plan.Index: nil when the index is missing.
+func (x informerIndex) ByIP(ip string) []*corev1.Service {
+	if x.w.byInst == nil {
 		return nil
 	}
-	return plan.ForeignIPs(inst, mine, func(ip string) []*corev1.Service {
-		objs, err := w.byInst.ByIndex(byIP, ip)
-		if err != nil {
-			return nil
-		}
-		out := make([]*corev1.Service, 0, len(objs))
-		for _, o := range objs {
-			if h, ok := o.(*corev1.Service); ok {
-				out = append(out, h)
-			}
-		}
-		return out
-	})
-}
-
-// existing lists, from the informer cache, the Services of instance key plus
-// the old controller's Services (managed-by ours, no instance label) that
-// plan.Diff may adopt.
-//
-// Services of other instances that carry a desired name are added too, so
-// that Diff reports the name as taken (a collision) instead of planning a
-// create that can only fail.
-func (w *Worker) existing(key string, desired []*corev1.Service) ([]*corev1.Service, error) {
-	lister := w.services.Services(w.cfg.Plan.Namespace)
-	mine, err := w.indexed(plan.LabelValue(key))
+	objs, err := x.w.byInst.ByIndex(byIP, ip)
 	if err != nil {
-		return nil, err
+		return nil
 	}
-	old, err := w.indexed(noInstanceLabel)
-	if err != nil {
-		return nil, err
-	}
-	out := append(mine, old...)
-	seen := make(map[string]bool, len(out))
-	for _, s := range out {
-		seen[s.Name] = true
-	}
-	for _, d := range desired {
-		if seen[d.Name] {
-			continue
-		}
-		if s, err := lister.Get(d.Name); err == nil {
+	out := make([]*corev1.Service, 0, len(objs))
+	for _, o := range objs {
+		if s, ok := o.(*corev1.Service); ok {
 			out = append(out, s)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+	return out
+}
+
+// ByName implements plan.Index: nil when the informer holds no such
+// Service (or is not running).
+func (x informerIndex) ByName(name string) *corev1.Service {
+	if x.w.services == nil {
+		return nil
+	}
+	s, err := x.w.services.Services(x.w.cfg.Plan.Namespace).Get(name)
+	if err != nil {
+		return nil
+	}
+	return s
+}
+
+// existing is plan.Existing over the informer cache: the Services of
+// instance key that Diff compares its desired Services with (its own, the
+// old controller's it may adopt, and those of other instances that hold a
+// desired name), and in external-ip mode the foreign IPs among their
+// cluster IPs. Errors: the informer's index is missing.
+func (w *Worker) existing(key string, desired []*corev1.Service) ([]*corev1.Service, map[string]string, error) {
+	return plan.Existing(informerIndex{w}, key, desired, w.cfg.Plan)
 }

@@ -209,13 +209,11 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 	desired := plan.Build(plan.Instance{Key: key, PodName: inst.PodName, Owner: owner}, st, w.cfg.Plan)
 	w.desired.put(key, desiredOf(desired, fetchedAt))
 	w.reportPlanFindings(ctx, key, desired)
-	existing, err := w.existing(key, desired.Services)
+	existing, foreign, err := w.existing(key, desired.Services)
 	if err != nil {
 		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
 	}
-	if w.cfg.Plan.IPMode == plan.IPModeExternalIP {
-		desired.ForeignIPs = w.foreignIPs(plan.LabelValue(key), existing)
-	}
+	desired.ForeignIPs = foreign
 	p := plan.Diff(desired, existing, w.cfg.Plan)
 	p = w.holdDeletes(ctx, log, key, st, desired, existing, p, fetchedAt)
 	w.reportSkipped(ctx, key, p)
