@@ -1,6 +1,8 @@
 // Package worker owns the consumers that do matbus's work: instance events
 // keep a cache of MAT API clients by URL; sync jobs fetch a status, plan and
 // apply Service changes and fan out delete jobs; delete jobs delete one
-// Service each; every failure becomes an error event. It never discovers
+// Service each; every failure becomes an error event. A sync reads the
+// Services it plans against from its Service informer through
+// plan.Existing, the rule `matbus plan` runs too. It never discovers
 // instances itself.
 package worker
