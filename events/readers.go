@@ -1,3 +1,7 @@
+// Readers past the publish and instance helpers: ordered consumers of a
+// stream (instance events for workers, error events for tools) and the
+// number of messages a stream stores on a subject.
+
 package events
 
 import (
@@ -49,18 +53,4 @@ func (b *Bus) StoredMessages(ctx context.Context, role Role, subject string) (in
 		n += int64(c)
 	}
 	return n, nil
-}
-
-// PurgeInstance removes every stored record of instance key from the
-// instances stream (the discovery leader drops a record that does not
-// decode). Errors: the stream cannot be looked up or purged, wrapped.
-func (b *Bus) PurgeInstance(ctx context.Context, key string) error {
-	s, err := b.js.Stream(ctx, b.StreamName(StreamInstances))
-	if err != nil {
-		return fmt.Errorf("events: instances stream: %w", err)
-	}
-	if err := s.Purge(ctx, jetstream.WithPurgeSubject(b.subjects.Instance(key))); err != nil {
-		return fmt.Errorf("events: purge %s: %w", b.subjects.Instance(key), err)
-	}
-	return nil
 }
