@@ -171,17 +171,8 @@ func (p *Publisher) reconcile(ctx context.Context, term *Term, syncReason string
 	for _, inst := range cur {
 		want[inst.Key] = true
 	}
-	for _, key := range bad {
-		if term.Check() != nil {
-			return
-		}
-		if want[key] {
-			p.log.Warn("unreadable instance record; republishing it from the source", "instance", key)
-			continue
-		}
-		// Nobody's current instance: an unreadable record only makes every
-		// worker report it again. Remove it.
-		p.purge(ctx, key)
+	if !p.dropUnreadable(ctx, term, bad, want) {
+		return
 	}
 	for _, inst := range cur {
 		rec, had := recs[inst.Key]
@@ -234,6 +225,24 @@ func (p *Publisher) reconcile(ctx context.Context, term *Term, syncReason string
 			p.publishFailed(ctx, key, "clean-up job", err)
 		}
 	}
+}
+
+// dropUnreadable purges the unreadable records bad whose keys no current
+// instance has (want): such a record only makes every worker report it
+// again; the others are republished from the source by reconcile. It
+// returns false, having stopped, once term fails its check.
+func (p *Publisher) dropUnreadable(ctx context.Context, term *Term, bad []string, want map[string]bool) bool {
+	for _, key := range bad {
+		if term.Check() != nil {
+			return false
+		}
+		if want[key] {
+			p.log.Warn("unreadable instance record; republishing it from the source", "instance", key)
+			continue
+		}
+		p.purge(ctx, key)
+	}
+	return true
 }
 
 // publishFailed reports a failed publish of what for instance key. A
