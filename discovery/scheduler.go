@@ -119,6 +119,13 @@ type Scheduler struct {
 	inst  map[string]*schedEntry
 	seq   uint64
 	stats SchedulerStats
+
+	// Error events are published on goroutines owned by Run (see report).
+	runMu   sync.Mutex
+	runCtx  context.Context // Run's context; nil before the first Run
+	runOver bool            // Run has returned: reports are dropped
+	pending []events.Error  // reports made before the first Run, sent when it starts
+	reports sync.WaitGroup  // report goroutines; Run waits for them
 }
 
 type schedEntry struct {
@@ -331,8 +338,48 @@ func (s *Scheduler) emit(e events.Error) {
 	if s.report == nil {
 		return
 	}
-	// Reporting publishes with retries: never under the lock.
-	go s.report.Report(context.Background(), e)
+	s.reportAsync(e)
+}
+
+// reportAsync publishes e on a goroutine of its own (reporting publishes
+// with retries: never under the lock), owned by Run: it runs under Run's
+// context and Run waits for it before returning. A report made before the
+// first Run is sent once Run starts; one made after Run's context ended is
+// dropped (the run is over: this process is no longer leading).
+func (s *Scheduler) reportAsync(e events.Error) {
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	switch {
+	case s.runCtx == nil:
+		s.pending = append(s.pending, e)
+	case !s.runOver && s.runCtx.Err() == nil:
+		ctx := s.runCtx
+		s.reports.Add(1)
+		go func() {
+			defer s.reports.Done()
+			s.report.Report(ctx, e)
+		}()
+	}
+}
+
+// own makes ctx (Run's) the owner of report goroutines and starts those of
+// the reports made before; the returned function, called when Run ends,
+// waits for every report goroutine, which ctx's end has cut short.
+func (s *Scheduler) own(ctx context.Context) (wait func()) {
+	s.runMu.Lock()
+	s.runCtx, s.runOver = ctx, false
+	pending := s.pending
+	s.pending = nil
+	s.runMu.Unlock()
+	for _, e := range pending {
+		s.reportAsync(e)
+	}
+	return func() {
+		s.runMu.Lock()
+		s.runOver = true
+		s.runMu.Unlock()
+		s.reports.Wait()
+	}
 }
 
 // probeInterval is the wait before probing an instance with fails
@@ -383,6 +430,7 @@ func clone(m map[string]int64) map[string]int64 {
 // in ctx (TermOf), each dispatch and each publish first checks it (nothing
 // is published once it fails) and every job carries its epoch.
 func (s *Scheduler) Run(ctx context.Context) {
+	defer s.own(ctx)()
 	term := TermOf(ctx)
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -463,7 +511,7 @@ func (s *Scheduler) dispatch(ctx context.Context, term *Term) time.Duration {
 					}
 				}
 				if ctx.Err() == nil && s.report != nil && !errors.Is(err, events.ErrFenced) {
-					go s.report.Report(context.WithoutCancel(ctx), events.Error{Kind: events.ErrorDiscovery, Instance: it.key, Message: fmt.Sprintf("publish sync job: %v", err)})
+					s.reportAsync(events.Error{Kind: events.ErrorDiscovery, Instance: it.key, Message: fmt.Sprintf("publish sync job: %v", err)})
 				}
 				return
 			}
