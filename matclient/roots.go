@@ -2,9 +2,11 @@ package matclient
 
 import (
 	"crypto/x509"
-	"encoding/pem"
+	"errors"
 	"fmt"
 	"os"
+
+	"github.com/matbus/matbus/internal/reload"
 )
 
 // LoadRootCAs returns the pool Config.RootCAs takes for verifying MAT
@@ -25,25 +27,15 @@ func LoadRootCAs(path string) (*x509.CertPool, error) {
 	if err != nil || pool == nil {
 		pool = x509.NewCertPool()
 	}
-	n := 0
-	for rest := data; ; {
-		var b *pem.Block
-		b, rest = pem.Decode(rest)
-		if b == nil {
-			break
-		}
-		if b.Type != "CERTIFICATE" {
-			continue
-		}
-		cert, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("%w: CA file %s: certificate %d: %w", ErrInvalidConfig, path, n+1, err)
-		}
-		pool.AddCert(cert)
-		n++
-	}
-	if n == 0 {
+	certs, err := reload.ParseCertificates(data)
+	if errors.Is(err, reload.ErrNoCertificate) {
 		return nil, fmt.Errorf("%w: CA file %s: no PEM CERTIFICATE block", ErrInvalidConfig, path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: CA file %s: %w", ErrInvalidConfig, path, err)
+	}
+	for _, c := range certs {
+		pool.AddCert(c)
 	}
 	return pool, nil
 }
