@@ -38,7 +38,7 @@ newcomer: build
 	bash hack/newcomer.sh
 
 lint:
-	@echo ">> no tracked file over 1 MiB"; bash hack/large-files.sh
+	@echo ">> no tracked file over 1 MiB, no tracked symbolic link"; bash hack/large-files.sh
 	@echo ">> gofmt"; out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@echo ">> go vet"; $(GO) vet ./...
 	@echo ">> staticcheck"; $(GO) run $(STATICCHECK) ./...
