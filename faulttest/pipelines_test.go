@@ -19,7 +19,7 @@ import (
 // removed before w's cleanup runs.
 func (w *world) sibling() *world {
 	w.t.Helper()
-	s := &world{t: w.t, ctx: w.ctx, dir: w.dir, nats: w.nats, nc: w.nc, bus: w.bus, errs: w.errs, log: w.log,
+	s := &world{t: w.t, ctx: w.ctx, dir: w.dir, nats: w.nats, nc: w.nc, js: w.js, bus: w.bus, errs: w.errs, log: w.log,
 		ns: testenv.Namespace("g", w.t.Name())}
 	if _, err := adminKube.CoreV1().Namespaces().Create(w.ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: s.ns}}, metav1.CreateOptions{}); err != nil {
 		w.t.Fatalf("create namespace: %v", err)
