@@ -244,18 +244,19 @@ func TestConditionalPollsStretch(t *testing.T) {
 			if took := time.Since(changed); took > pollMax+2*time.Second {
 				t.Errorf("change took %v, want within the %v bound and a sync", took, pollMax)
 			}
-			synced := false
-			for _, x := range results.since(at) {
-				if x.r.Outcome == events.OutcomeSynced {
-					synced = true
-					if x.r.NotModified {
-						t.Error("the result that planned the change says NotModified")
+			// The result is published after the write the wait above saw,
+			// so it may arrive a moment later.
+			waitFor(t, "a synced result for the change", func() (bool, string) {
+				for _, x := range results.since(at) {
+					if x.r.Outcome == events.OutcomeSynced {
+						if x.r.NotModified {
+							t.Error("the result that planned the change says NotModified")
+						}
+						return true, ""
 					}
 				}
-			}
-			if !synced {
-				t.Error("no synced result for the change")
-			}
+				return false, fmt.Sprintf("%d results since the change, none synced", len(results.since(at)))
+			})
 		})
 	}
 }
