@@ -25,6 +25,7 @@ import (
 	"github.com/matbus/matbus/internal/redact"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
+	"github.com/matbus/matbus/worker"
 )
 
 // CheckResult is the outcome of one pre-flight check.
@@ -307,18 +308,10 @@ func (c *checker) serviceRange(ctx context.Context) []netip.Prefix {
 		c.add("service range", CheckWarn, "unknown: no Kubernetes API and no --service-cidr")
 		return nil
 	}
-	list, err := c.kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	out, err := worker.ServiceCIDRs(ctx, c.kube)
 	if err != nil {
 		c.add("service range", CheckWarn, "unknown (set --service-cidr): ServiceCIDRs: %v", err)
 		return nil
-	}
-	var out []netip.Prefix
-	for _, sc := range list.Items {
-		for _, s := range sc.Spec.CIDRs {
-			if p, err := netip.ParsePrefix(s); err == nil {
-				out = append(out, p.Masked())
-			}
-		}
 	}
 	if len(out) == 0 {
 		c.add("service range", CheckWarn, "unknown (set --service-cidr): no ServiceCIDR objects")

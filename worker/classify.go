@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 )
 
 // Class says what to do about a failed Kubernetes call.
@@ -143,6 +144,26 @@ func ParseCIDRs(ss []string) ([]netip.Prefix, error) {
 			return nil, fmt.Errorf("worker: service CIDR %q: %w", s, err)
 		}
 		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// ServiceCIDRs lists the cluster's service IP ranges from its ServiceCIDR
+// objects (networking.k8s.io/v1), masked, in the API's order. An empty
+// list with a nil error means the cluster has no such objects; the error
+// is the API's (e.g. forbidden, or an API server without ServiceCIDRs).
+func ServiceCIDRs(ctx context.Context, kube kubernetes.Interface) ([]netip.Prefix, error) {
+	list, err := kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, sc := range list.Items {
+		for _, c := range sc.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				out = append(out, p.Masked())
+			}
+		}
 	}
 	return out, nil
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -247,18 +246,10 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 func serviceCIDRsFromAPI(ctx context.Context, kube kubernetes.Interface, log *slog.Logger) []netip.Prefix {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	list, err := kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
+	out, err := worker.ServiceCIDRs(ctx, kube)
 	if err != nil {
 		log.Info("service range unknown (set --service-cidr); a refused cluster IP will be retried", "error", err)
 		return nil
-	}
-	var out []netip.Prefix
-	for _, sc := range list.Items {
-		for _, c := range sc.Spec.CIDRs {
-			if p, err := netip.ParsePrefix(c); err == nil {
-				out = append(out, p.Masked())
-			}
-		}
 	}
 	log.Info("service range", "cidrs", out)
 	return out
