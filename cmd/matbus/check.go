@@ -12,7 +12,6 @@ import (
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/operator"
-	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
 )
 
@@ -21,36 +20,18 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		"the BMC and NVOS IPs of the MAT statuses against the service range for --bmc-ip-mode, whether the API server "+
 		"admits spec.externalIPs, and --stream-replicas against the NATS cluster. Takes the flags and environment of `worker` and `discovery`; prints a table and exits 1 on a problem.", e.stderr)
 	var (
-		n       natsOpts
-		l       logOpts
-		k       kubeOpts
-		w       workerOpts
-		d       discoveryOpts
+		o       toolOpts
 		timeout time.Duration
 	)
-	n.register(fs)
-	n.registerTLS(fs)
-	n.registerReplicas(fs)
-	l.registerQuiet(fs)
-	k.register(fs)
-	w.register(fs)
-	d.register(fs)
+	o.register(fs)
 	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all checks together may take")
 	var healthAddr string // the worker's and discovery's, so their flags and env apply unchanged
 	fs.StringVar(&healthAddr, "health-addr", "", "accepted as in worker and discovery; check serves no endpoint")
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, d.validate); err != nil {
-		return err
-	}
-	log, err := l.logger(e.stderr)
+	log, err := o.parse(fs, args, e, "check")
 	if err != nil {
 		return err
 	}
-	log = log.With("component", "check")
-	if err := w.loadMatRoots(log); err != nil {
-		return err
-	}
-	mode, _ := plan.ParseIPMode(w.ipMode)
-	sel, _ := parseSelector(w.targetSelector)
+	n, k, w, d := &o.n, &o.k, &o.w, &o.d
 	cidrs, _ := worker.ParseCIDRs(w.serviceCIDRs)
 	mcfg := w.matConfig("matbus-check/" + version)
 	cfg := operator.CheckConfig{
@@ -64,7 +45,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 			return nats.Connect(n.url, append(opts, fileOpts...)...)
 		},
 		Replicas:     n.replicas,
-		Options:      plan.Options{Namespace: w.namespace, ManagedBy: w.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: w.stateAnnotations},
+		Options:      w.planOptions(),
 		ServiceCIDRs: cidrs,
 		Discovery: discovery.KubeConfig{Selector: d.selector, Scheme: d.scheme, HostMode: d.hostMode,
 			ClusterDomain: d.clusterDomain},

@@ -301,6 +301,65 @@ func (o *natsOpts) bus(nc *nats.Conn, source string, log *slog.Logger, w *worker
 	return events.New(nc, cfg, log)
 }
 
+// baseOpts are the NATS (with TLS and --stream-replicas), log and
+// Kubernetes flags of worker, discovery, check and plan.
+type baseOpts struct {
+	n natsOpts
+	l logOpts
+	k kubeOpts
+}
+
+func (o *baseOpts) register(fs *flag.FlagSet) { o.registerAt(fs, "info") }
+
+// registerAt registers the flags with --log-level's default level.
+func (o *baseOpts) registerAt(fs *flag.FlagSet, level string) {
+	o.n.register(fs)
+	o.n.registerTLS(fs)
+	o.n.registerReplicas(fs)
+	o.l.registerAt(fs, level)
+	o.k.register(fs)
+}
+
+// parse parses args (command line, then environment), checks the NATS
+// and Kubernetes flags and then each of validators, and returns the logger
+// of the flags writing to stderr, with component=component.
+func (o *baseOpts) parse(fs *flag.FlagSet, args []string, e env, component string, validators ...func() error) (*slog.Logger, error) {
+	if err := parseAndValidate(fs, args, e.lookupEnv, append([]func() error{o.n.validate, o.k.validate}, validators...)...); err != nil {
+		return nil, err
+	}
+	log, err := o.l.logger(e.stderr)
+	if err != nil {
+		return nil, err
+	}
+	return log.With("component", component), nil
+}
+
+// toolOpts are the flags of check and plan: the worker's and discovery's,
+// so that their flags and environment apply unchanged.
+type toolOpts struct {
+	baseOpts
+	w workerOpts
+	d discoveryOpts
+}
+
+// register registers the flags; the log level is warn by default, so that
+// no INFO line of a connection stands above the report.
+func (o *toolOpts) register(fs *flag.FlagSet) {
+	o.baseOpts.registerAt(fs, "warn")
+	o.w.register(fs)
+	o.d.register(fs)
+}
+
+// parse is baseOpts.parse with the worker's and discovery's checks, and
+// reads --mat-ca-file.
+func (o *toolOpts) parse(fs *flag.FlagSet, args []string, e env, component string, validators ...func() error) (*slog.Logger, error) {
+	log, err := o.baseOpts.parse(fs, args, e, component, append([]func() error{o.w.validate, o.d.validate}, validators...)...)
+	if err == nil {
+		err = o.w.loadMatRoots(log)
+	}
+	return log, err
+}
+
 // logOpts select the log level and format. fs, when set, is the parsed
 // flag set whose secrets (redact.FlagSecrets) the logger redacts.
 type logOpts struct {

@@ -4,13 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/internal/devenv"
 	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
 )
@@ -27,7 +28,7 @@ func TestDevOnceStopsOnPermanentProblems(t *testing.T) {
 		"--hosts", "2", "--bmc-subnet", "10.200.0.0/20", "--sync-interval", "2s", "--timeout", "2m30s", "--log-level", "error",
 		"--namespace", "matbus-dev-permanent")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	var s devSummary
+	var s devenv.Summary
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
 		t.Fatalf("last line is not the JSON summary: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
@@ -48,71 +49,20 @@ func TestDevOnceStopsOnPermanentProblems(t *testing.T) {
 	}
 }
 
-// TestIPTakenHint: the error events of a BMC IP that another Service holds,
-// as the worker words them and as the API server does, get dev's hint to
-// move the fleet to other subnets; other errors do not.
-func TestIPTakenHint(t *testing.T) {
-	for _, tt := range []struct {
-		msg  string
-		want bool
-	}{
-		{`cluster IP 10.96.64.6 is allocated to another Service: Service "mat-bmc-host-x" is invalid`, true},
-		{`Service "mat-bmc-host-x" is invalid: spec.clusterIPs: Invalid value: ["10.96.64.6"]: failed to allocate IP 10.96.64.6: provided IP is already allocated`, true},
-		{`status fetch failed, no Service changed: connection refused`, false},
-		{`Service "mat-bmc-host-x" is invalid: spec.clusterIPs: Invalid value: ["10.200.0.1"]: failed to allocate IP 10.200.0.1: the provided IP (10.200.0.1) is not in the valid range`, false},
-	} {
-		data, err := json.Marshal(map[string]string{"message": tt.msg})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := ipTaken(data); got != tt.want {
-			t.Errorf("ipTaken(%q) = %v, want %v", tt.msg, got, tt.want)
-		}
-	}
-	if !strings.Contains(ipTakenHint, "--bmc-subnet") || !strings.Contains(ipTakenHint, "--nvos-subnet") {
-		t.Errorf("the hint names no flag to change: %s", ipTakenHint)
-	}
-}
-
-// TestDevNextSteps: the next-step block names this run's addresses in
-// every command, passes the flags that change what status, plan and check
-// must look at, and quotes what a shell would split.
-func TestDevNextSteps(t *testing.T) {
+// TestDevPassedFlags: the flags that change what status, plan and check
+// must look at are passed on when they differ from their defaults, the
+// subject prefix first.
+func TestDevPassedFlags(t *testing.T) {
 	fs := newFlagSet("dev", "", nil)
 	var w workerOpts
 	w.register(fs)
 	if err := fs.Parse([]string{"--managed-by", "me", "--bmc-ip-mode", "external-ip"}); err != nil {
 		t.Fatal(err)
 	}
-	got := devNextSteps(devRun{
-		natsURL: "nats://127.0.0.1:4333", namespace: "ns1", kubeconfig: "/tmp/a b/kubeconfig", sourcesURL: "http://127.0.0.1:8099",
-		entries: []discovery.StaticEntry{{Name: "mat-0", URL: "https://127.0.0.1:1"}, {Name: "mat-1", URL: "https://127.0.0.1:2"}},
-		flags:   devPassedFlags(fs, "lab"),
-	})
-	var cmds []string
-	for _, l := range strings.Split(got, "\n") {
-		if strings.HasPrefix(l, "  ") && !strings.HasPrefix(l, "  #") {
-			cmds = append(cmds, strings.TrimPrefix(l, "  "))
-		}
-	}
-	want := []string{
-		"bin/matbus status --nats-url nats://127.0.0.1:4333 --namespace ns1 --kubeconfig '/tmp/a b/kubeconfig' --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip --sources-url http://127.0.0.1:8099",
-		"bin/matbus errors --nats-url nats://127.0.0.1:4333 --since 1h --subject-prefix=lab",
-		"bin/matbus plan --kubeconfig '/tmp/a b/kubeconfig' --namespace ns1 --static mat-0=https://127.0.0.1:1,mat-1=https://127.0.0.1:2 --insecure-skip-verify --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip",
-		"bin/matbus check --nats-url nats://127.0.0.1:4333 --kubeconfig '/tmp/a b/kubeconfig' --namespace ns1 --static mat-0=https://127.0.0.1:1,mat-1=https://127.0.0.1:2 --insecure-skip-verify --subject-prefix=lab --managed-by=me --bmc-ip-mode=external-ip",
-		"KUBECONFIG='/tmp/a b/kubeconfig' kubectl get svc -n ns1 -l app.kubernetes.io/managed-by=me",
-		"curl -sSk -X PUT --data 500 https://127.0.0.1:2/matsim/fault",
-	}
-	if strings.Join(cmds, "\n") != strings.Join(want, "\n") {
-		t.Errorf("next steps:\n%s\nwant the commands:\n%s", got, strings.Join(want, "\n"))
-	}
-	if !strings.HasPrefix(got, "Next steps") {
-		t.Errorf("block does not start with its title:\n%s", got)
-	}
-	for in, want := range map[string]string{"plain-1.2/x:y=z,w@v": "plain-1.2/x:y=z,w@v", "": "''", "a'b": `'a'\''b'`, "$HOME": "'$HOME'"} {
-		if got := shellQuote(in); got != want {
-			t.Errorf("shellQuote(%q) = %s, want %s", in, got, want)
-		}
+	got := devPassedFlags(fs, "lab")
+	want := []string{"--subject-prefix=lab", "--managed-by=me", "--bmc-ip-mode=external-ip"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("devPassedFlags = %q, want %q", got, want)
 	}
 }
 
@@ -150,5 +100,33 @@ func TestDevNextStepsWhenNotInPlace(t *testing.T) {
 	}
 	if !strings.Contains(out, "bin/matbus status --nats-url nats://127.0.0.1:") || !strings.Contains(out, "--namespace matbus-dev-late") {
 		t.Errorf("next steps without this run's address and namespace:\n%s", out)
+	}
+}
+
+// TestDevPublisherConfig: dev converts discovery's scheduling flags with
+// discovery's own conversion, so none is dropped: the probe interval and
+// the scheduler's sync interval reach the publisher as `matbus discovery`
+// passes them (dev's source is static: no Kubernetes Events, as for
+// `discovery --static`).
+func TestDevPublisherConfig(t *testing.T) {
+	args := []string{"--sync-interval", "5s", "--poll-interval", "2s", "--poll-max-interval", "3s", "--probe-max-interval", "90s"}
+	o, err := parseDev(args, env{stderr: io.Discard, lookupEnv: mapEnv(nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := o.config(nil, env{}, nil).Publisher
+	s := got.Scheduler
+	if got.SyncInterval != 5*time.Second || s.SyncInterval != 5*time.Second || s.PollInterval != 2*time.Second ||
+		s.PollMaxInterval != 3*time.Second || s.ProbeMaxInterval != 90*time.Second || s.Events != nil {
+		t.Errorf("dev's publisher configuration %+v", got)
+	}
+	fs := newFlagSet("discovery", "", nil)
+	var d discoveryOpts
+	d.register(fs)
+	if err := parseAndValidate(fs, append(args, "--static", "a=http://x:1"), mapEnv(nil), d.validate); err != nil {
+		t.Fatal(err)
+	}
+	if want := d.publisherConfig(nil); got != want {
+		t.Errorf("dev's publisher configuration %+v, discovery's %+v", got, want)
 	}
 }

@@ -24,13 +24,11 @@ import (
 
 // discoveryOpts are the publisher's flags; `dev` shares some.
 type discoveryOpts struct {
-	selector, scheme, hostMode       string
-	clusterDomain                    string
-	static                           givenList
-	staticFile, staticName           string
-	interval, poll, probeMax         time.Duration
-	pollMax                          time.Duration
-	pollMaxGiven                     bool
+	selector, scheme, hostMode string
+	clusterDomain              string
+	static                     givenList
+	staticFile, staticName     string
+	schedOpts
 	leaderElect                      bool
 	leaseOwner                       string
 	leaseName, leaseNamespace, ident string
@@ -50,10 +48,8 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	fs.Var(&o.static, "static", "static instances instead of Kubernetes discovery: [namespace/]name=url, repeatable or comma separated")
 	fs.StringVar(&o.staticFile, "static-file", "", "YAML/JSON list of static instances ({namespace, name, url, pod_name, owner})")
 	fs.StringVar(&o.staticName, "static-name", "static", "scope name of the static source; publishers of different scopes never report each other's instances gone")
-	durationVar(fs, &o.interval, "sync-interval", 30*time.Second, "how often every instance gets a full resync (plan and apply even when its status looks unchanged)")
-	durationVar(fs, &o.poll, "poll-interval", time.Second, "how often every instance's status is polled; an unchanged status costs one GET and no Kubernetes request")
-	givenDurationVar(fs, &o.pollMax, &o.pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
-	durationVar(fs, &o.probeMax, "probe-max-interval", 2*time.Minute, "longest wait between probes of an instance taken out of rotation after failed fetches")
+	o.schedOpts.register(fs, 30*time.Second, "how often every instance gets a full resync (plan and apply even when its status looks unchanged)",
+		"how often every instance's status is polled; an unchanged status costs one GET and no Kubernetes request")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "campaign for a Lease so only one publisher runs at a time (needs the Kubernetes API)")
 	fs.StringVar(&o.leaseName, "lease-name", "matbus-discovery", "name of the leader-election Lease")
 	fs.StringVar(&o.leaseNamespace, "lease-namespace", "", "namespace of the Lease (default: --namespace)")
@@ -75,18 +71,8 @@ func (o *discoveryOpts) validate() error {
 	if errs := validation.IsDNS1123Subdomain(o.clusterDomain); len(errs) > 0 {
 		return fmt.Errorf("%w: --cluster-domain %q is not a DNS name (e.g. %s): %s", errUsage, o.clusterDomain, discovery.DefaultClusterDomain, strings.Join(errs, "; "))
 	}
-	if o.interval < time.Second {
-		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
-	}
-	if o.poll < 100*time.Millisecond || o.poll > o.interval {
-		return fmt.Errorf("%w: --poll-interval must be at least 100ms and at most --sync-interval", errUsage)
-	}
-	var err error
-	if o.pollMax, err = pollMaxInterval(o.poll, o.pollMax, o.pollMaxGiven, o.interval); err != nil {
+	if err := o.schedOpts.validate(); err != nil {
 		return err
-	}
-	if o.probeMax < o.poll {
-		return fmt.Errorf("%w: --probe-max-interval must be at least --poll-interval", errUsage)
 	}
 	if o.renewDeadline >= o.leaseDuration {
 		return fmt.Errorf("%w: --leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration", errUsage)
@@ -152,58 +138,30 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 
 func runDiscovery(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("discovery", "Watch for MAT instances and publish instance and sync events (leader-elected).", e.stderr)
-	var n natsOpts
-	var l logOpts
-	var k kubeOpts
+	var b baseOpts
 	var o discoveryOpts
+	var h healthOpts
 	var namespace string
-	n.register(fs)
-	n.registerTLS(fs)
-	n.registerReplicas(fs)
-	l.register(fs)
-	k.register(fs)
+	b.register(fs)
 	o.register(fs)
 	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
-	var h healthOpts
 	h.register(fs)
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate, h.validate); err != nil {
-		return err
+	validNamespace := func() error {
+		if _, err := events.Key(namespace, "x"); err != nil {
+			return fmt.Errorf("%w: --namespace: %v", errUsage, err)
+		}
+		return nil
 	}
-	if _, err := events.Key(namespace, "x"); err != nil {
-		return fmt.Errorf("%w: --namespace: %v", errUsage, err)
-	}
-	n.namespace = namespace
-	log, err := l.logger(e.stderr)
+	log, err := b.parse(fs, args, e, "discovery", o.validate, h.validate, validNamespace)
 	if err != nil {
 		return err
 	}
-	log = log.With("component", "discovery")
-	var kube kubernetes.Interface
-	if !o.isStatic() || o.leaderElect {
-		cfg, err := k.restConfig(ctx, log)
-		if err == nil {
-			cfg.UserAgent = kubeUserAgent("discovery", cmp.Or(o.ident, hostname()))
-		}
-		if err != nil {
-			if o.leaderElect && o.isStatic() {
-				// A kubeconfig that was given but cannot be read is a file
-				// error (exit 1), not a usage error: only a missing
-				// configuration is the flags' fault.
-				if k.kubeconfig != "" {
-					return fmt.Errorf("%v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", err)
-				}
-				return fmt.Errorf("%w: %v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", errUsage, err)
-			}
-			return err
-		}
-		if kube, err = kubeClient(cfg); err != nil {
-			return err
-		}
+	b.n.namespace = namespace
+	kube, err := o.kubeClient(ctx, &b.k, log)
+	if err != nil {
+		return err
 	}
-	ident := o.ident
-	if ident == "" {
-		ident = hostname()
-	}
+	ident := cmp.Or(o.ident, hostname())
 	// A static list is read before anything connects, so a bad one is a
 	// usage error with nothing started.
 	var src discovery.Source
@@ -212,12 +170,12 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 			return err
 		}
 	}
-	nc, err := n.connect("matbus-discovery-"+ident, log)
+	nc, err := b.n.connect("matbus-discovery-"+ident, log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	bus, err := n.bus(nc, "discovery/"+ident, log, nil)
+	bus, err := b.n.bus(nc, "discovery/"+ident, log, nil)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
@@ -236,69 +194,127 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 			return err
 		}
 	}
+	d := &discoveryProc{bus: bus, rep: rep, log: log}
+	if err := d.serveHealth(ctx, nc, kube, src, &b.k, &o, h); err != nil {
+		return err
+	}
+	ctx, stopSource := context.WithCancel(ctx)
+	defer stopSource()
+	d.src = discovery.Share(src)
+	if err := d.src.Start(ctx); err != nil {
+		return err
+	}
+	if o.sourceListAddr != "" {
+		defer d.serveSources(ctx, o.sourceListAddr, o.sourceListDebounce)()
+	}
+	pcfg := o.publisherConfig(kev)
+	if !o.leaderElect {
+		return d.lead(ctx, pcfg)
+	}
+	return d.elect(ctx, kube, o.leaderConfig(namespace, ident, bus), pcfg)
+}
+
+// kubeClient is discovery's Kubernetes client: nil for a static source
+// without leader election, which needs none.
+func (o *discoveryOpts) kubeClient(ctx context.Context, k *kubeOpts, log *slog.Logger) (kubernetes.Interface, error) {
+	if o.isStatic() && !o.leaderElect {
+		return nil, nil
+	}
+	cfg, err := k.restConfig(ctx, log)
+	if err != nil {
+		if o.leaderElect && o.isStatic() {
+			// A kubeconfig that was given but cannot be read is a file
+			// error (exit 1), not a usage error: only a missing
+			// configuration is the flags' fault.
+			if k.kubeconfig != "" {
+				return nil, fmt.Errorf("%v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", err)
+			}
+			return nil, fmt.Errorf("%w: %v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", errUsage, err)
+		}
+		return nil, err
+	}
+	cfg.UserAgent = kubeUserAgent("discovery", cmp.Or(o.ident, hostname()))
+	return kubeClient(cfg)
+}
+
+// leaderConfig is the leader election's configuration from the flags.
+func (o *discoveryOpts) leaderConfig(namespace, ident string, bus *events.Bus) discovery.LeaderConfig {
+	return discovery.LeaderConfig{Namespace: cmp.Or(o.leaseNamespace, namespace), LeaseName: o.leaseName, Identity: ident, OwnerDeployment: o.leaseOwner,
+		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod, Bus: bus}
+}
+
+// discoveryProc is a running discovery process: what it publishes with,
+// and what its metrics and readiness read while it leads.
+type discoveryProc struct {
+	bus     *events.Bus
+	rep     *events.Reporter
+	log     *slog.Logger
+	src     *discovery.SharedSource
+	leading atomic.Bool
+	sched   atomic.Pointer[discovery.Scheduler]
+	cur     atomic.Pointer[leadState]
+}
+
+// serveHealth registers the process's metrics and serves them with
+// /healthz and /readyz (--health-addr) until ctx ends.
+func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kubernetes.Interface, src discovery.Source, k *kubeOpts, o *discoveryOpts, h healthOpts) error {
 	var watch *kubewatch.Tracker // the informer's list and watch calls; nil for a static source
 	if ks, ok := src.(*discovery.KubeSource); ok {
 		watch = ks.WatchHealth()
 	}
-	var leading atomic.Bool
-	var sched atomic.Pointer[discovery.Scheduler]
-	var cur atomic.Pointer[leadState]
-	reg := discoveryRegistry(bus, rep, &leading, &sched, &cur, watch)
+	reg := discoveryRegistry(d.bus, d.rep, &d.leading, &d.sched, &d.cur, watch)
 	k.registerMetrics(reg)
 	var probe *apiProbe
 	if kube != nil {
-		probe = startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, log)
+		probe = startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, d.log)
 	}
-	ready := discoveryReadiness(nc, probe, watch, &cur, o.staleAfter)
+	ready := discoveryReadiness(nc, probe, watch, &d.cur, o.staleAfter)
 	readyMetric(reg, "discovery", ready.err)
-	if err := serveHealth(ctx, h.addr, ready.err, reg, h.profiling, log); err != nil {
+	if err := serveHealth(ctx, h.addr, ready.err, reg, h.profiling, d.log); err != nil {
 		return err
 	}
-	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
-	ctx, stopSource := context.WithCancel(ctx)
-	defer stopSource()
-	shared := discovery.Share(src)
-	if err := shared.Start(ctx); err != nil {
-		return err
-	}
-	if o.sourceListAddr != "" {
-		sources := discovery.NewSourceList(o.sourceListDebounce, log)
-		sctx, stopSources := context.WithCancel(ctx)
-		served, passes := make(chan struct{}), make(chan struct{})
-		go func() { defer close(served); serveSources(sctx, o.sourceListAddr, sources, log) }()
-		go func() {
-			defer close(passes)
-			if err := sources.Run(sctx, shared); err != nil {
-				log.Error("sources API passes stopped", "error", err)
-			}
-		}()
-		defer func() { stopSources(); <-served; <-passes }()
-	}
-	lead := func(ctx context.Context) error {
-		leading.Store(true)
-		defer leading.Store(false)
-		pub := discovery.NewPublisher(bus, shared, o.publisherConfig(kev), rep, log)
-		sched.Store(pub.Scheduler())
-		cur.Store(&leadState{pub: pub, src: shared, since: time.Now()})
-		defer cur.Store(nil)
-		return pub.Run(ctx)
-	}
-	if !o.leaderElect {
-		return lead(ctx)
-	}
-	leaseNS := o.leaseNamespace
-	if leaseNS == "" {
-		leaseNS = namespace
-	}
+	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, d.log)
+	return nil
+}
+
+// serveSources serves the sources API on addr and makes its passes over
+// the source until ctx ends, or until the returned stop is called (which
+// waits for both).
+func (d *discoveryProc) serveSources(ctx context.Context, addr string, debounce time.Duration) (stop func()) {
+	sources := discovery.NewSourceList(debounce, d.log)
+	sctx, stopSources := context.WithCancel(ctx)
+	served, passes := make(chan struct{}), make(chan struct{})
+	go func() { defer close(served); serveSources(sctx, addr, sources, d.log) }()
+	go func() {
+		defer close(passes)
+		if err := sources.Run(sctx, d.src); err != nil {
+			d.log.Error("sources API passes stopped", "error", err)
+		}
+	}()
+	return func() { stopSources(); <-served; <-passes }
+}
+
+// lead publishes as the leader until ctx ends.
+func (d *discoveryProc) lead(ctx context.Context, cfg discovery.PublisherConfig) error {
+	d.leading.Store(true)
+	defer d.leading.Store(false)
+	pub := discovery.NewPublisher(d.bus, d.src, cfg, d.rep, d.log)
+	d.sched.Store(pub.Scheduler())
+	d.cur.Store(&leadState{pub: pub, src: d.src, since: time.Now()})
+	defer d.cur.Store(nil)
+	return pub.Run(ctx)
+}
+
+// elect campaigns for the Lease and leads during each term won, until
+// ctx ends; it returns the last term's publisher failure.
+func (d *discoveryProc) elect(ctx context.Context, kube kubernetes.Interface, lcfg discovery.LeaderConfig, cfg discovery.PublisherConfig) error {
 	var leadErr error
-	err = discovery.RunLeaderElected(ctx, kube, discovery.LeaderConfig{Namespace: leaseNS, LeaseName: o.leaseName, Identity: ident, OwnerDeployment: o.leaseOwner,
-		LeaseDuration: o.leaseDuration, RenewDeadline: o.renewDeadline, RetryPeriod: o.retryPeriod, Bus: bus}, log,
-		func(lctx context.Context) {
-			if err := lead(lctx); err != nil && !errors.Is(err, context.Canceled) {
-				leadErr = err
-				log.Error("publisher failed", "error", err)
-			}
-		})
+	err := discovery.RunLeaderElected(ctx, kube, lcfg, d.log, func(lctx context.Context) {
+		if err := d.lead(lctx, cfg); err != nil && !errors.Is(err, context.Canceled) {
+			leadErr = err
+			d.log.Error("publisher failed", "error", err)
+		}
+	})
 	if err != nil {
 		return err
 	}
@@ -326,9 +342,46 @@ func serveSources(ctx context.Context, addr string, sources *discovery.SourceLis
 	}
 }
 
-// publisherConfig is the publisher's configuration from the flags; kev
-// (may be nil) records the scheduler's Kubernetes Events.
-func (o *discoveryOpts) publisherConfig(kev *kubeevents.Recorder) discovery.PublisherConfig {
+// schedOpts are the publisher's scheduling flags, which `discovery` and
+// `dev` share (with their own --sync-interval default).
+type schedOpts struct {
+	interval, poll, probeMax time.Duration
+	pollMax                  time.Duration
+	pollMaxGiven             bool
+}
+
+// register adds the group to fs: --sync-interval (default sync, help
+// syncUsage), --poll-interval (help pollUsage), --poll-max-interval and
+// --probe-max-interval.
+func (o *schedOpts) register(fs *flag.FlagSet, sync time.Duration, syncUsage, pollUsage string) {
+	durationVar(fs, &o.interval, "sync-interval", sync, syncUsage)
+	durationVar(fs, &o.poll, "poll-interval", time.Second, pollUsage)
+	givenDurationVar(fs, &o.pollMax, &o.pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
+	durationVar(fs, &o.probeMax, "probe-max-interval", 2*time.Minute, "longest wait between probes of an instance taken out of rotation after failed fetches")
+}
+
+// validate checks the intervals against each other and settles
+// --poll-max-interval (pollMaxInterval).
+func (o *schedOpts) validate() error {
+	if o.interval < time.Second {
+		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
+	}
+	if o.poll < 100*time.Millisecond || o.poll > o.interval {
+		return fmt.Errorf("%w: --poll-interval must be at least 100ms and at most --sync-interval", errUsage)
+	}
+	var err error
+	if o.pollMax, err = pollMaxInterval(o.poll, o.pollMax, o.pollMaxGiven, o.interval); err != nil {
+		return err
+	}
+	if o.probeMax < o.poll {
+		return fmt.Errorf("%w: --probe-max-interval must be at least --poll-interval", errUsage)
+	}
+	return nil
+}
+
+// publisherConfig is the publisher's configuration from the flags (after
+// validate); kev (may be nil) records the scheduler's Kubernetes Events.
+func (o *schedOpts) publisherConfig(kev *kubeevents.Recorder) discovery.PublisherConfig {
 	return discovery.PublisherConfig{SyncInterval: o.interval,
 		Scheduler: discovery.SchedulerConfig{PollInterval: o.poll, PollMaxInterval: o.pollMax, SyncInterval: o.interval, ProbeMaxInterval: o.probeMax, Events: kev}}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/matbus/matbus/internal/devenv"
 	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
 )
@@ -127,7 +128,7 @@ func TestDevOnce(t *testing.T) {
 	code, out, errOut := runArgs(t, map[string]string{"KUBECONFIG": ""}, "dev", "--once", "-v", "--nats-port", "0", "--hosts", "3",
 		"--dpus-per-host", "2", "--timeout", "2m", "--log-level", "warn")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	var s devSummary
+	var s devenv.Summary
 	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &s); err != nil {
 		t.Fatalf("last line is not the JSON summary: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}

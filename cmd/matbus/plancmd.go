@@ -12,7 +12,6 @@ import (
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/operator"
-	"github.com/matbus/matbus/plan"
 )
 
 // outputFlag registers --output and its shorthand -o (text or json, into
@@ -36,34 +35,17 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("plan", "Dry run: what a worker would do to the Services of the namespace (the old controller's included) — creates, updates with the fields that change, recreates, deletes and adoptions. "+
 		"Takes the flags and environment of `worker` and `discovery`, fetches each status once and writes nothing; exits 0 when nothing would change, 2 when something would, 1 on an error (invalid flags included).", e.stderr)
 	var (
-		n       natsOpts
-		l       logOpts
-		k       kubeOpts
-		w       workerOpts
-		d       discoveryOpts
+		o       toolOpts
 		timeout time.Duration
 		output  string
 	)
-	n.register(fs)
-	n.registerTLS(fs)
-	n.registerReplicas(fs)
-	l.registerQuiet(fs)
-	k.register(fs)
-	w.register(fs)
-	d.register(fs)
+	o.register(fs)
 	durationVar(fs, &timeout, "timeout", time.Minute, "how long discovery, the fetches and the Service list together may take")
-	validOutput := outputFlag(fs, &output)
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, d.validate, validOutput); err != nil {
-		return err
-	}
-	log, err := l.logger(e.stderr)
+	log, err := o.parse(fs, args, e, "plan", outputFlag(fs, &output))
 	if err != nil {
 		return err
 	}
-	log = log.With("component", "plan")
-	if err := w.loadMatRoots(log); err != nil {
-		return err
-	}
+	n, k, w, d := &o.n, &o.k, &o.w, &o.d
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
@@ -95,17 +77,15 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	mode, _ := plan.ParseIPMode(w.ipMode)
-	sel, _ := parseSelector(w.targetSelector)
 	mcfg := w.matConfig("matbus-plan/" + version)
 	pcfg := operator.PlanConfig{
 		Kube:      kube,
-		Options:   plan.Options{Namespace: w.namespace, ManagedBy: w.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: w.stateAnnotations},
+		Options:   w.planOptions(),
 		NewClient: func(url string) (operator.StatusClient, error) { return matclient.New(url, mcfg) },
 		Fetches:   w.fetches,
 		Hold:      w.holdRule(),
 	}
-	pcfg.Holds, pcfg.HoldsErr = readHolds(ctx, fs, &n, &w, log)
+	pcfg.Holds, pcfg.HoldsErr = readHolds(ctx, fs, n, w, log)
 	r, err := operator.Plan(ctx, pcfg, insts)
 	if err != nil {
 		return err

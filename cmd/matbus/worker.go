@@ -212,14 +212,11 @@ func (o *workerOpts) workerName() string {
 // given it asks the API server for its ServiceCIDR objects (it may be
 // forbidden; then allocation failures are treated as transient).
 func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes.Interface, log *slog.Logger) (*worker.Worker, *events.Reporter, error) {
-	mode, _ := plan.ParseIPMode(o.ipMode)
-	sel, _ := parseSelector(o.targetSelector)
 	cidrs, _ := worker.ParseCIDRs(o.serviceCIDRs)
 	if len(cidrs) == 0 {
 		cidrs = serviceCIDRsFromAPI(ctx, kube, log)
 	}
-	name := o.workerName()
-	rep := events.NewReporter(bus, log, name, o.errorWindow)
+	rep := events.NewReporter(bus, log, o.workerName(), o.errorWindow)
 	kev, err := startKubeEvents(ctx, o.kubeEvents, kube, kubeevents.ControllerWorker, log)
 	if err != nil {
 		return nil, nil, err
@@ -227,20 +224,34 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 	mcfg := o.matConfig("matbus/" + version)
 	mcfg.BodyMaxAge = o.matBodyMaxAge
 	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
-	w, err := worker.New(worker.Config{
-		Name: name,
-		Plan: plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: o.stateAnnotations},
+	w, err := worker.New(o.config(cidrs, kev), bus, kube, factory, rep, log)
+	if err == nil {
+		go o.followMatTrust(ctx, w)
+	}
+	return w, rep, err
+}
+
+// config is the worker's configuration from the flags (after validate):
+// cidrs is the service range, kev (may be nil) records Kubernetes Events.
+func (o *workerOpts) config(cidrs []netip.Prefix, kev *kubeevents.Recorder) worker.Config {
+	return worker.Config{
+		Name: o.workerName(),
+		Plan: o.planOptions(),
 		Jobs: o.jobs, Fetches: o.fetches, DeleteJobs: o.deleteJobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
 		InstanceResync: o.instanceResync,
 		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
 		Metrics:        o.metrics,
 		Events:         kev,
 		Hold:           o.holdRule(),
-	}, bus, kube, factory, rep, log)
-	if err == nil {
-		go o.followMatTrust(ctx, w)
 	}
-	return w, rep, err
+}
+
+// planOptions are the plan options of the flags (after validate), as
+// worker, check and plan use them.
+func (o *workerOpts) planOptions() plan.Options {
+	mode, _ := plan.ParseIPMode(o.ipMode)
+	sel, _ := parseSelector(o.targetSelector)
+	return plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: o.stateAnnotations}
 }
 
 func serviceCIDRsFromAPI(ctx context.Context, kube kubernetes.Interface, log *slog.Logger) []netip.Prefix {
@@ -277,26 +288,17 @@ func workerMetrics(reg *prometheus.Registry, w *worker.Worker) {
 
 func runWorker(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("worker", "Consume instance events, sync jobs and delete jobs; keep BMC Services in step.", e.stderr)
-	var n natsOpts
-	var l logOpts
-	var k kubeOpts
+	var b baseOpts
 	var o workerOpts
-	n.register(fs)
-	n.registerTLS(fs)
-	n.registerReplicas(fs)
-	l.register(fs)
-	k.register(fs)
-	o.register(fs)
 	var h healthOpts
+	b.register(fs)
+	o.register(fs)
 	h.register(fs)
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, o.validate, h.validate); err != nil {
-		return err
-	}
-	log, err := l.logger(e.stderr)
+	log, err := b.parse(fs, args, e, "worker", o.validate, h.validate)
 	if err != nil {
 		return err
 	}
-	log = log.With("component", "worker")
+	n, k := &b.n, &b.k
 	if err := o.loadMatRoots(log); err != nil {
 		return err
 	}
