@@ -18,6 +18,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
 )
@@ -264,16 +265,16 @@ func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kub
 	}
 	reg := discoveryRegistry(d.bus, d.rep, &d.leading, &d.sched, &d.cur, watch)
 	k.registerMetrics(reg)
-	var probe *apiProbe
+	var probe *health.APIProbe
 	if kube != nil {
-		probe = startAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, d.log)
+		probe = health.StartAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, nil, d.log)
 	}
 	ready := discoveryReadiness(nc, probe, watch, &d.cur, o.staleAfter)
-	readyMetric(reg, "discovery", ready.err)
-	if err := serveHealth(ctx, h.addr, ready.err, reg, h.profiling, d.log); err != nil {
+	readyMetric(reg, "discovery", ready.Err)
+	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, d.log); err != nil {
 		return err
 	}
-	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, d.log)
+	go health.WarnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, d.log)
 	return nil
 }
 
@@ -463,22 +464,22 @@ type leadState struct {
 // and, while leading, the source has synced and a sync tick succeeded
 // within staleAfter (counted from taking the lead). A follower that can
 // reach NATS and the API is ready: it is what takes over.
-func discoveryReadiness(nc *nats.Conn, probe *apiProbe, watch *kubewatch.Tracker, cur *atomic.Pointer[leadState], staleAfter time.Duration) readiness {
-	r := readiness{natsCheck(nc)}
+func discoveryReadiness(nc *nats.Conn, probe *health.APIProbe, watch *kubewatch.Tracker, cur *atomic.Pointer[leadState], staleAfter time.Duration) health.Readiness {
+	r := health.Readiness{health.NATS(nc)}
 	if probe != nil {
-		r = append(r, probe.check())
+		r = append(r, probe.Check())
 	}
 	if watch != nil {
-		r = append(r, informerCheck(watch))
+		r = append(r, health.Informer(watch))
 	}
-	r = append(r, readyCheck{name: "discovery", check: func() error {
+	r = append(r, health.Check{Name: "discovery", Check: func() error {
 		if st := cur.Load(); st != nil {
 			if _, ok := st.src.Instances(); !ok {
 				return fmt.Errorf("source %s has not synced (informer not synced)", st.src.Scope())
 			}
 		}
 		return nil
-	}}, freshness("sync tick", staleAfter,
+	}}, health.Freshness("sync tick", staleAfter,
 		func() time.Time {
 			if st := cur.Load(); st != nil {
 				return st.pub.LastSuccess()

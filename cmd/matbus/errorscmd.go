@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/operator"
 )
 
@@ -63,13 +64,13 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	var reading atomic.Bool
-	ready := readiness{natsCheck(nc), {name: "error stream", check: func() error {
+	ready := health.Readiness{health.NATS(nc), {Name: "error stream", Check: func() error {
 		if !reading.Load() {
 			return errors.New("not reading yet (waiting for the stream)")
 		}
 		return nil
 	}}}
-	if err := serveHealth(ctx, healthAddr, ready.err, nil, false, log); err != nil {
+	if err := health.Serve(ctx, healthAddr, ready.Err, nil, false, log); err != nil {
 		return err
 	}
 	return operator.TailErrors(ctx, operator.ErrorsConfig{Bus: bus, Kinds: kinds, Since: since, Follow: follow,

@@ -23,6 +23,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/internal/natsserver"
 	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/plan"
@@ -59,11 +60,11 @@ func fakeAPI(t *testing.T) (down *atomic.Bool, kube kubernetes.Interface) {
 }
 
 // waitReason waits until r's error is nil (want "") or contains want.
-func waitReason(t *testing.T, r readiness, want string) {
+func waitReason(t *testing.T, r health.Readiness, want string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		err := r.err()
+		err := r.Err()
 		if want == "" && err == nil || want != "" && err != nil && strings.Contains(err.Error(), want) {
 			return
 		}
@@ -95,7 +96,7 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 	}
 	defer nc.Close()
 	apiDown, kube := fakeAPI(t)
-	probe := startAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, log)
+	probe := health.StartAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, nil, log)
 	var cur atomic.Pointer[leadState]
 	const staleAfter = 1500 * time.Millisecond
 	r := discoveryReadiness(nc, probe, nil, &cur, staleAfter)
@@ -103,7 +104,7 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 	// A follower on a healthy NATS and API is ready; /readyz says so.
 	waitReason(t, r, "")
 	addr := freeAddr(t)
-	if err := serveHealth(ctx, addr, r.err, nil, false, log); err != nil {
+	if err := health.Serve(ctx, addr, r.Err, nil, false, log); err != nil {
 		t.Fatal(err)
 	}
 	if code, body := get(t, "http://"+addr+"/readyz"); code != http.StatusOK || body != "ok\n" {
@@ -206,9 +207,9 @@ func TestWorkerReadinessCauses(t *testing.T) {
 	}
 	reg := newRegistry()
 	workerMetrics(reg, w)
-	r := workerReadiness(nc, startAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, log), w)
+	r := workerReadiness(nc, health.StartAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, nil, log), w)
 	addr := freeAddr(t)
-	if err := serveHealth(ctx, addr, r.err, reg, true, log); err != nil {
+	if err := health.Serve(ctx, addr, r.Err, reg, true, log); err != nil {
 		t.Fatal(err)
 	}
 	waitReason(t, r, "worker: the Service informer has not synced")
@@ -280,7 +281,7 @@ func get(t *testing.T, url string) (int, string) {
 func TestWaitIsNeverSilent(t *testing.T) {
 	var down atomic.Bool
 	down.Store(true)
-	r := readiness{{name: "Kubernetes API", check: func() error {
+	r := health.Readiness{{Name: "Kubernetes API", Check: func() error {
 		if down.Load() {
 			return errors.New("unreachable: connection refused")
 		}
@@ -291,7 +292,7 @@ func TestWaitIsNeverSilent(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		warnWhileUnready(ctx, r, time.Millisecond, 10*time.Millisecond, slog.New(slog.NewTextHandler(&out, nil)))
+		health.WarnWhileUnready(ctx, r, time.Millisecond, 10*time.Millisecond, slog.New(slog.NewTextHandler(&out, nil)))
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(out.String(), "level=WARN") < 3 && time.Now().Before(deadline) {

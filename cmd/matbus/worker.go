@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
@@ -342,12 +343,12 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	eventMetrics(reg, bus, rep)
 	reg.MustRegister(newConsumerCollector(bus))
 	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
-	ready := workerReadiness(nc, startAPIProbeUnless(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
-	readyMetric(reg, "worker", ready.err)
-	if err := serveHealth(ctx, h.addr, ready.err, reg, h.profiling, log); err != nil {
+	ready := workerReadiness(nc, health.StartAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
+	readyMetric(reg, "worker", ready.Err)
+	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, log); err != nil {
 		return err
 	}
-	go warnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
+	go health.WarnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
 	return w.Run(ctx)
 }
 
@@ -355,8 +356,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 // Service informer lists and watches (and the clean-up's lists succeed),
 // and the worker runs (its Service informer has synced and its consumers
 // run).
-func workerReadiness(nc *nats.Conn, probe *apiProbe, w *worker.Worker) readiness {
-	return readiness{natsCheck(nc), probe.check(), informerCheck(w.WatchHealth()), readyCheck{name: "worker", check: func() error {
+func workerReadiness(nc *nats.Conn, probe *health.APIProbe, w *worker.Worker) health.Readiness {
+	return health.Readiness{health.NATS(nc), probe.Check(), health.Informer(w.WatchHealth()), health.Check{Name: "worker", Check: func() error {
 		if !w.Ready() {
 			return errors.New("the Service informer has not synced, or the job consumers are not running")
 		}

@@ -1,4 +1,4 @@
-package main
+package health
 
 import (
 	"context"
@@ -14,30 +14,30 @@ import (
 	"github.com/matbus/matbus/kubewatch"
 )
 
-// readyCheck is one condition of readiness: check returns nil when it
-// holds, else the reason (one line) it does not.
-type readyCheck struct {
-	name  string
-	check func() error
+// Check is one condition of readiness: Check returns nil when it holds,
+// else the reason (one line) it does not.
+type Check struct {
+	Name  string
+	Check func() error
 }
 
-// readiness is the ordered list of a process's readiness conditions.
-type readiness []readyCheck
+// Readiness is the ordered list of a process's readiness conditions.
+type Readiness []Check
 
-// err returns nil when every check holds, else "<name>: <reason>" of the
+// Err returns nil when every check holds, else "<name>: <reason>" of the
 // first that does not.
-func (r readiness) err() error {
+func (r Readiness) Err() error {
 	for _, c := range r {
-		if err := c.check(); err != nil {
-			return fmt.Errorf("%s: %w", c.name, err)
+		if err := c.Check(); err != nil {
+			return fmt.Errorf("%s: %w", c.Name, err)
 		}
 	}
 	return nil
 }
 
-// natsCheck holds while nc is connected.
-func natsCheck(nc *nats.Conn) readyCheck {
-	return readyCheck{name: "NATS", check: func() error {
+// NATS holds while nc is connected.
+func NATS(nc *nats.Conn) Check {
+	return Check{Name: "NATS", Check: func() error {
 		if nc.IsConnected() {
 			return nil
 		}
@@ -49,30 +49,25 @@ func natsCheck(nc *nats.Conn) readyCheck {
 	}}
 }
 
-// apiProbe asks the Kubernetes API server for /version every interval (each
+// APIProbe asks the Kubernetes API server for /version every interval (each
 // request bounded by timeout) and keeps the last answer. /version is open to
 // every authenticated client (the system:public-info-viewer role), so the
 // probe needs no RBAC of its own.
-type apiProbe struct {
+type APIProbe struct {
 	mu   sync.Mutex
 	last error
 	done bool // a first answer arrived
 }
 
-// startAPIProbe probes kube until ctx ends.
-func startAPIProbe(ctx context.Context, kube kubernetes.Interface, interval, timeout time.Duration, log *slog.Logger) *apiProbe {
-	return startAPIProbeUnless(ctx, kube, interval, timeout, nil, log)
-}
-
-// startAPIProbeUnless is startAPIProbe that sends no request while
-// answering (may be nil) reports that the API server answers anyway: a
+// StartAPIProbe probes kube until ctx ends, but sends no request while
+// answering (may be nil: always probe) reports that the API server answers anyway: a
 // worker's Service informer that has synced and whose list and watch calls
 // succeed has its watch open, and a broken connection ends that watch (an
 // HTTP/2 ping finds a silent one) and fails the next call. In steady state
 // a worker then sends no Kubernetes request at all, where the probe alone
 // sent 12 a minute.
-func startAPIProbeUnless(ctx context.Context, kube kubernetes.Interface, interval, timeout time.Duration, answering func() bool, log *slog.Logger) *apiProbe {
-	p := &apiProbe{}
+func StartAPIProbe(ctx context.Context, kube kubernetes.Interface, interval, timeout time.Duration, answering func() bool, log *slog.Logger) *APIProbe {
+	p := &APIProbe{}
 	go func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
@@ -97,7 +92,7 @@ func startAPIProbeUnless(ctx context.Context, kube kubernetes.Interface, interva
 	return p
 }
 
-func (p *apiProbe) set(err error, log *slog.Logger) {
+func (p *APIProbe) set(err error, log *slog.Logger) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
@@ -109,9 +104,9 @@ func (p *apiProbe) set(err error, log *slog.Logger) {
 	p.last, p.done = err, true
 }
 
-// check is the readiness condition of the probe.
-func (p *apiProbe) check() readyCheck {
-	return readyCheck{name: "Kubernetes API", check: func() error {
+// Check is the readiness condition of the probe.
+func (p *APIProbe) Check() Check {
+	return Check{Name: "Kubernetes API", Check: func() error {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if !p.done {
@@ -124,17 +119,17 @@ func (p *apiProbe) check() readyCheck {
 	}}
 }
 
-// informerCheck holds while no list or watch call of t's informer fails;
+// Informer holds while no list or watch call of t's informer fails;
 // the reason is t's, e.g. "watch services: services is forbidden: …".
-func informerCheck(t *kubewatch.Tracker) readyCheck {
-	return readyCheck{name: "informer", check: t.Err}
+func Informer(t *kubewatch.Tracker) Check {
+	return Check{Name: "informer", Check: t.Err}
 }
 
-// freshness is the readiness condition "something succeeded within
+// Freshness is the readiness condition "something succeeded within
 // staleAfter": last returns when it last did (zero: never), since when it
 // is expected (zero: not expected now, e.g. a follower).
-func freshness(what string, staleAfter time.Duration, last, since func() time.Time) readyCheck {
-	return readyCheck{name: "discovery", check: func() error {
+func Freshness(what string, staleAfter time.Duration, last, since func() time.Time) Check {
+	return Check{Name: "discovery", Check: func() error {
 		from := since()
 		if from.IsZero() {
 			return nil
@@ -153,11 +148,11 @@ func freshness(what string, staleAfter time.Duration, last, since func() time.Ti
 	}}
 }
 
-// warnWhileUnready logs a WARN line with the reason every `every` (the
+// WarnWhileUnready logs a WARN line with the reason every `every` (the
 // first after `first`) while r is not ready, so a wait for NATS, the
 // Kubernetes API or an informer is never silent, and an INFO line when it
 // becomes ready after such a warning. It returns when ctx ends.
-func warnWhileUnready(ctx context.Context, r readiness, first, every time.Duration, log *slog.Logger) {
+func WarnWhileUnready(ctx context.Context, r Readiness, first, every time.Duration, log *slog.Logger) {
 	t := time.NewTimer(first)
 	defer t.Stop()
 	warned := false
@@ -167,7 +162,7 @@ func warnWhileUnready(ctx context.Context, r readiness, first, every time.Durati
 			return
 		case <-t.C:
 		}
-		switch err := r.err(); {
+		switch err := r.Err(); {
 		case err != nil:
 			log.Warn("not ready, still waiting", "reason", err.Error())
 			warned = true
