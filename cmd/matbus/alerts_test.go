@@ -20,6 +20,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
 )
@@ -39,8 +40,8 @@ func exportedNames(t *testing.T) map[string]bool {
 	rep := events.NewReporter(bus, log, "t", 0)
 	ready := func() error { return nil }
 
-	wreg := newRegistry()
-	countKubeRequests(&rest.Config{}, wreg)
+	wreg := health.NewRegistry(version, revision())
+	health.CountKubeRequests(&rest.Config{}, wreg)
 	m, err := worker.NewMetrics(wreg)
 	if err != nil {
 		t.Fatal(err)
@@ -49,16 +50,16 @@ func exportedNames(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	workerMetrics(wreg, w)
-	eventMetrics(wreg, bus, rep)
+	health.WorkerMetrics(wreg, w)
+	health.EventMetrics(wreg, bus, rep)
 	wreg.MustRegister(newConsumerCollector(bus))
-	readyMetric(wreg, "worker", ready)
+	health.ReadyMetric(wreg, "worker", ready)
 
 	var leading atomic.Bool
 	var sched atomic.Pointer[discovery.Scheduler]
 	var cur atomic.Pointer[leadState]
 	dreg := discoveryRegistry(bus, rep, &leading, &sched, &cur, nil)
-	readyMetric(dreg, "discovery", ready)
+	health.ReadyMetric(dreg, "discovery", ready)
 
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	names := map[string]bool{}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 
@@ -270,7 +269,7 @@ func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kub
 		probe = health.StartAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, nil, d.log)
 	}
 	ready := discoveryReadiness(nc, probe, watch, &d.cur, o.staleAfter)
-	readyMetric(reg, "discovery", ready.Err)
+	health.ReadyMetric(reg, "discovery", ready.Err)
 	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, d.log); err != nil {
 		return err
 	}
@@ -405,49 +404,6 @@ func pollMaxInterval(poll, v time.Duration, given bool, sync time.Duration) (tim
 		return 0, fmt.Errorf("%w: --poll-max-interval %v must be at least --poll-interval (%v) and at most --sync-interval (%v); equal to --poll-interval turns the stretch off", errUsage, v, poll, sync)
 	}
 	return v, nil
-}
-
-// schedulerMetrics exports the stats of the scheduler that sched points at
-// (nil while this process does not lead: every value is then 0).
-func schedulerMetrics(reg *prometheus.Registry, sched *atomic.Pointer[discovery.Scheduler]) {
-	stats := func() discovery.SchedulerStats {
-		if s := sched.Load(); s != nil {
-			return s.Stats()
-		}
-		return discovery.SchedulerStats{}
-	}
-	gauge := func(name, help string, f func(discovery.SchedulerStats) float64) {
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "scheduler", Name: name, Help: help},
-			func() float64 { return f(stats()) }))
-	}
-	gauge("instances", "Instances scheduled for sync jobs.", func(s discovery.SchedulerStats) float64 { return float64(s.Instances) })
-	gauge("instances_in_flight", "Instances with a sync job out.", func(s discovery.SchedulerStats) float64 { return float64(s.InFlight) })
-	gauge("instances_out_of_rotation", "Instances probed at a backoff interval after failed status fetches.",
-		func(s discovery.SchedulerStats) float64 { return float64(s.OutOfRotation) })
-	gauge("instances_overdue", "Instances whose last good sync is older than the sync interval plus the poll interval.",
-		func(s discovery.SchedulerStats) float64 { return float64(s.Overdue) })
-	gauge("instances_stretched", "Instances polled at more than --poll-interval (up to --poll-max-interval) because MAT answers their polls 304 Not Modified.",
-		func(s discovery.SchedulerStats) float64 { return float64(s.Stretched) })
-	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_jobs_dispatched_total", "Sync jobs published, by reason.", []string{"reason"}, nil),
-		values: func() map[string]int64 { return stats().Dispatched }})
-	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_results_total", "Sync results received from workers, by outcome.", []string{"outcome"}, nil),
-		values: func() map[string]int64 { return stats().Results }})
-	reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_scheduler_missed_intervals_total", "Times an instance fell behind its sync interval, by cause (capacity, backoff).", []string{"cause"}, nil),
-		values: func() map[string]int64 { return stats().Missed }})
-}
-
-// mapCounter exports a map of counts as one counter per label value.
-type mapCounter struct {
-	desc   *prometheus.Desc
-	values func() map[string]int64
-}
-
-func (m *mapCounter) Describe(ch chan<- *prometheus.Desc) { ch <- m.desc }
-
-func (m *mapCounter) Collect(ch chan<- prometheus.Metric) {
-	for k, v := range m.values() {
-		ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(v), k)
-	}
 }
 
 // leadState is what a leading discovery process runs; nil while following.

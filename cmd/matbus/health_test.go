@@ -205,8 +205,8 @@ func TestWorkerReadinessCauses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := newRegistry()
-	workerMetrics(reg, w)
+	reg := health.NewRegistry(version, revision())
+	health.WorkerMetrics(reg, w)
 	r := workerReadiness(nc, health.StartAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, nil, log), w)
 	addr := freeAddr(t)
 	if err := health.Serve(ctx, addr, r.Err, reg, true, log); err != nil {

@@ -2,71 +2,17 @@ package main
 
 import (
 	"context"
-	"runtime"
 	"runtime/debug"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/kubewatch"
 )
-
-// newRegistry returns a registry with the Go runtime (go_*) and process
-// (process_*) collectors and matbus_build_info{version,revision,goversion}
-// (always 1).
-func newRegistry() *prometheus.Registry {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Name: "build_info",
-		Help:        "Always 1; the labels name the build.",
-		ConstLabels: prometheus.Labels{"version": version, "revision": revision(), "goversion": runtime.Version()}},
-		func() float64 { return 1 }))
-	return reg
-}
-
-// eventMetrics registers the publish counts of bus and the failure counts
-// of rep (either may be nil) with reg:
-//
-//	matbus_events_published_total{type}             events this process published, by CloudEvents type
-//	matbus_publish_failures_total{type}             publishes that gave up after retries, by type
-//	matbus_error_events_total{kind}                 failures reported (each is logged; published unless rate limited)
-//	matbus_error_events_suppressed_total{kind}      of those, kept from NATS by the --error-window rate limit
-func eventMetrics(reg *prometheus.Registry, bus *events.Bus, rep *events.Reporter) {
-	if bus != nil {
-		typed := func(pick func() map[events.Type]int64) func() map[string]int64 {
-			return func() map[string]int64 {
-				out := map[string]int64{}
-				for t, n := range pick() {
-					out[string(t)] = n
-				}
-				return out
-			}
-		}
-		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_events_published_total", "Events this process published, by type.", []string{"type"}, nil),
-			values: typed(func() map[events.Type]int64 { p, _ := bus.PublishStats(); return p })})
-		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_publish_failures_total", "Publishes that gave up after their retries, by event type.", []string{"type"}, nil),
-			values: typed(func() map[events.Type]int64 { _, f := bus.PublishStats(); return f })})
-	}
-	if rep != nil {
-		kinds := func(pick func() map[events.ErrorKind]int64) func() map[string]int64 {
-			return func() map[string]int64 {
-				out := map[string]int64{}
-				for k, n := range pick() {
-					out[string(k)] = n
-				}
-				return out
-			}
-		}
-		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_error_events_total", "Failures reported, by error kind; each is logged and published on <prefix>.errors.<kind> unless rate limited.", []string{"kind"}, nil),
-			values: kinds(func() map[events.ErrorKind]int64 { r, _ := rep.Stats(); return r })})
-		reg.MustRegister(&mapCounter{desc: prometheus.NewDesc("matbus_error_events_suppressed_total", "Failures reported but not published because of the --error-window rate limit, by error kind.", []string{"kind"}, nil),
-			values: kinds(func() map[events.ErrorKind]int64 { _, s := rep.Stats(); return s })})
-	}
-}
 
 // revision is the VCS revision the binary was built from, with "-dirty"
 // for a modified tree: the Go build info's, else main.commit, else "unknown".
@@ -136,19 +82,6 @@ func (c *consumerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// readyMetric registers matbus_ready{component}: 1 while ready returns nil
-// (what /readyz answers 200 for), else 0.
-func readyMetric(reg *prometheus.Registry, component string, ready func() error) {
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Name: "ready",
-		Help: "1 while the process is ready (/readyz answers 200), else 0.", ConstLabels: prometheus.Labels{"component": component}},
-		func() float64 {
-			if ready() != nil {
-				return 0
-			}
-			return 1
-		}))
-}
-
 // discoveryRegistry returns the registry of a discovery process: newRegistry,
 // eventMetrics, the scheduler's (schedulerMetrics), watch's
 // (kubewatch.NewCollector; watch is nil for a static source) and
@@ -160,8 +93,8 @@ func readyMetric(reg *prometheus.Registry, component string, ready func() error)
 // The pointers are what the process leads with (nil while following).
 func discoveryRegistry(bus *events.Bus, rep *events.Reporter, leading *atomic.Bool, sched *atomic.Pointer[discovery.Scheduler],
 	cur *atomic.Pointer[leadState], watch *kubewatch.Tracker) *prometheus.Registry {
-	reg := newRegistry()
-	eventMetrics(reg, bus, rep)
+	reg := health.NewRegistry(version, revision())
+	health.EventMetrics(reg, bus, rep)
 	reg.MustRegister(kubewatch.NewCollector(watch))
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "leader",
 		Help: "1 while this publisher holds the Lease."}, func() float64 {
@@ -170,7 +103,7 @@ func discoveryRegistry(bus *events.Bus, rep *events.Reporter, leading *atomic.Bo
 		}
 		return 0
 	}))
-	schedulerMetrics(reg, sched)
+	health.SchedulerMetrics(reg, sched)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "discovery", Name: "last_success_timestamp_seconds",
 		Help: "Unix time of the leader's last sync tick that read the instances stream and published every event it had to (0 while not leading or before the first)."},
 		func() float64 {

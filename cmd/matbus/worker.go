@@ -7,13 +7,11 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"net/netip"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -22,7 +20,6 @@ import (
 	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
-	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 	"github.com/matbus/matbus/worker"
@@ -267,26 +264,6 @@ func serviceCIDRsFromAPI(ctx context.Context, kube kubernetes.Interface, log *sl
 	return out
 }
 
-func workerMetrics(reg *prometheus.Registry, w *worker.Worker) {
-	stat := func(name, help string, f func(worker.Stats) int64) {
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: name, Help: help},
-			func() float64 { return float64(f(w.Stats())) }))
-	}
-	stat("syncs_total", "Sync jobs completed.", func(s worker.Stats) int64 { return s.Syncs })
-	stat("syncs_unchanged_total", "Poll jobs that found the status and the Services unchanged (no planning, no API request).", func(s worker.Stats) int64 { return s.Unchanged })
-	stat("deletes_kept_total", "Delete jobs not run because the newest status still wants the Service.", func(s worker.Stats) int64 { return s.DeletesKept })
-	stat("cleanups_total", "Clean-up jobs completed.", func(s worker.Stats) int64 { return s.Cleanups })
-	stat("services_created_total", "Services created.", func(s worker.Stats) int64 { return s.Created })
-	stat("services_updated_total", "Services updated.", func(s worker.Stats) int64 { return s.Updated })
-	stat("services_recreated_total", "Services recreated after a BMC IP change.", func(s worker.Stats) int64 { return s.Recreated })
-	stat("services_deleted_total", "Services deleted by delete jobs.", func(s worker.Stats) int64 { return s.Deleted })
-	stat("delete_jobs_published_total", "Delete jobs published.", func(s worker.Stats) int64 { return s.DeleteJobs })
-	stat("jobs_failed_total", "Jobs that failed: sync jobs whose status fetch or apply failed, jobs that gave up after their deliveries or were refused.", func(s worker.Stats) int64 { return s.Failed })
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "cached_clients", Help: "MAT clients in the cache."},
-		func() float64 { return float64(len(w.Cache().Stats().URLs)) }))
-	reg.MustRegister(kubewatch.NewCollector(w.WatchHealth()))
-}
-
 func runWorker(ctx context.Context, args []string, e env) error {
 	fs := newFlagSet("worker", "Consume instance events, sync jobs and delete jobs; keep BMC Services in step.", e.stderr)
 	var b baseOpts
@@ -308,7 +285,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	cfg.UserAgent = kubeUserAgent("worker", o.workerName())
-	reg := newRegistry()
+	reg := health.NewRegistry(version, revision())
 	k.registerMetrics(reg)
 	// The readiness probe's GET /version gets its own client, left out of
 	// matbus_kube_requests_total, which counts the work's requests only.
@@ -318,7 +295,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	countKubeRequests(cfg, reg)
+	health.CountKubeRequests(cfg, reg)
 	kube, err := kubeClient(cfg)
 	if err != nil {
 		return err
@@ -339,12 +316,12 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	workerMetrics(reg, w)
-	eventMetrics(reg, bus, rep)
+	health.WorkerMetrics(reg, w)
+	health.EventMetrics(reg, bus, rep)
 	reg.MustRegister(newConsumerCollector(bus))
 	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
 	ready := workerReadiness(nc, health.StartAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
-	readyMetric(reg, "worker", ready.Err)
+	health.ReadyMetric(reg, "worker", ready.Err)
 	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, log); err != nil {
 		return err
 	}
@@ -364,34 +341,3 @@ func workerReadiness(nc *nats.Conn, probe *health.APIProbe, w *worker.Worker) he
 		return nil
 	}}}
 }
-
-// countKubeRequests counts every request of cfg's clients by HTTP method
-// in matbus_kube_requests_total{method} (a watch counts once, when it
-// starts). In steady state a worker's work makes none: every read comes
-// from its informer. The readiness probe (GET /version every 5 s while
-// the Service informer is not synced and healthy) uses another client and
-// is not counted.
-func countKubeRequests(cfg *rest.Config, reg *prometheus.Registry) {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Name: "kube_requests_total",
-		Help: "Kubernetes API requests sent, by HTTP method (a watch counts once, when it starts)."}, []string{"method"})
-	writes := prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "matbus", Name: "kube_write_duration_seconds",
-		Help:    "Duration of Kubernetes API writes (POST, PUT, PATCH, DELETE) until the response headers, by HTTP method; failed ones included.",
-		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"method"})
-	reg.MustRegister(c, writes)
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
-		return roundTripper(func(r *http.Request) (*http.Response, error) {
-			c.WithLabelValues(r.Method).Inc()
-			if r.Method == http.MethodGet || r.Method == http.MethodHead {
-				return rt.RoundTrip(r)
-			}
-			start := time.Now()
-			resp, err := rt.RoundTrip(r)
-			writes.WithLabelValues(r.Method).Observe(time.Since(start).Seconds())
-			return resp, err
-		})
-	})
-}
-
-type roundTripper func(*http.Request) (*http.Response, error)
-
-func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -1,10 +1,12 @@
 // Package health is a matbus process's runtime support: the readiness
 // conditions (NATS connected, the Kubernetes API answering its /version
 // probe, an informer listing and watching, something succeeding within a
-// staleness bound), the WARN lines while not ready, and the one listener of
+// staleness bound), the WARN lines while not ready, the Prometheus
+// collectors of what the worker, the scheduler, the bus and the Kubernetes
+// client count (metric names and help unchanged), and the one listener of
 // /healthz, /readyz, /metrics and, when asked, /debug/pprof/.
 //
-// It owns how readiness is judged and served, never what a process
-// measures or does: cmd/matbus lists each subcommand's conditions and
-// registers its metrics.
+// It reads what other packages count and serves it; it never decides what
+// a process does, and never parses flags: cmd/matbus lists each
+// subcommand's conditions and collectors.
 package health
