@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 )
 
 // ErrorsConfig says which error events TailErrors prints and where.
@@ -94,7 +95,7 @@ func TailErrors(ctx context.Context, cfg ErrorsConfig) error {
 			return fmt.Errorf("stream %s does not exist: no matbus component has started on this NATS server with --subject-prefix %q", stream, cfg.Bus.Subjects().Prefix)
 		}
 		fmt.Fprintf(cfg.Notes, "waiting for stream %s (no matbus component has started yet)\n", stream)
-		if !sleepCtx(ctx, 2*time.Second) {
+		if !jobs.Sleep(ctx, 2*time.Second) {
 			return nil
 		}
 	}
@@ -182,15 +183,4 @@ func WriteErrorEvent(w io.Writer, subject string, data []byte, asJSON bool) {
 	}
 	raw, _ := json.Marshal(string(data))
 	fmt.Fprintf(w, "unreadable error event on %s (%v): %s\n", subject, err, raw)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

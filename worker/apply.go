@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -167,11 +168,11 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 	}
 	if len(transient) > 0 {
 		w.reportTransient(ctx, key, firstKind, transient, total, firstErr)
-		return &jobError{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %w", len(transient), transient[0], firstErr)}
+		return &jobs.Error{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %w", len(transient), transient[0], firstErr)}
 	}
 	if len(permanent) > 0 {
 		// Reported per Service already; the job is terminated, not retried.
-		return &jobError{Reported: true, Err: fmt.Errorf("%d Service writes failed permanently, first: %s", len(permanent), permanent[0])}
+		return &jobs.Error{Reported: true, Err: fmt.Errorf("%d Service writes failed permanently, first: %s", len(permanent), permanent[0])}
 	}
 	return nil
 }

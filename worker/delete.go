@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -24,7 +25,7 @@ func (w *Worker) handleDelete(ctx context.Context, env events.Envelope, subject 
 	}
 	if err != nil {
 		w.rejectEvent(ctx, subject, err)
-		return &jobError{Err: err, Reported: true}
+		return jobs.Reported(err)
 	}
 	return w.Delete(ctx, job)
 }
@@ -51,7 +52,7 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	log := w.log.With("instance", job.Key, "service", job.Namespace+"/"+job.Name)
 	rec, found, err := w.bus.LastInstance(ctx, job.Key)
 	if err != nil && !isEventErr(err) {
-		return &jobError{Retry: true, Err: err}
+		return jobs.Retry(err)
 	}
 	present := found && rec.Present()
 	switch {
@@ -65,7 +66,7 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 				return context.Canceled
 			}
 			log.Info("delete held: the instance's hold record cannot be read", "error", err)
-			return &jobError{Retry: true, Err: err}
+			return jobs.Retry(err)
 		}
 		if held {
 			w.kept.Add(1)
@@ -78,7 +79,7 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 				return context.Canceled
 			}
 			log.Info("delete held: the newest status cannot be read", "error", err)
-			return &jobError{Retry: true, Err: err}
+			return jobs.Retry(err)
 		}
 		if why := set.keeps(job); why != "" {
 			w.kept.Add(1)
@@ -152,7 +153,7 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 	if cls == Transient {
 		w.reportTransient(ctx, job.Key, events.ErrorDelete, []string{job.Namespace + "/" + job.Name}, 1, err)
 	}
-	return &jobError{Retry: cls == Transient, Reported: true, Err: fmt.Errorf("delete %s/%s: %w", job.Namespace, job.Name, err)}
+	return &jobs.Error{Retry: cls == Transient, Reported: true, Err: fmt.Errorf("delete %s/%s: %w", job.Namespace, job.Name, err)}
 }
 
 // errChangedSinceCached makes retry try a delete again, reading the

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 )
 
 // epochFence keeps the newest discovery leader epoch per Lease a worker has seen, in
@@ -61,7 +62,7 @@ func (w *Worker) admit(ctx context.Context, env events.Envelope, subject string)
 	w.log.Warn("message of a deposed leader refused", "subject", subject, "id", env.ID, "epoch", env.Epoch.String(), "newest_epoch", newest.String())
 	w.report.Report(ctx, events.Error{Kind: events.ErrorDiscovery, Instance: keyOf(subject), Subject: subject,
 		Message: err.Error(), Permanent: true})
-	return &jobError{Err: err, Reported: true}
+	return jobs.Reported(err)
 }
 
 // learnEpoch raises the newest epoch to the newest of the stored instance

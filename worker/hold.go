@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
@@ -409,7 +410,7 @@ func (w *Worker) watchHolds(ctx context.Context) {
 			return
 		}
 		w.log.Debug("hold watch ended; starting again", "error", err, "retry_in", delay)
-		if !sleep(ctx, delay) {
+		if !jobs.Sleep(ctx, delay) {
 			return
 		}
 		delay = min(delay*2, 30*time.Second)

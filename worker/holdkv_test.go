@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/matbus/matbus/internal/natsserver"
 )
 
 // TestHoldRecordConflicts: on a real JetStream bucket, of concurrent
@@ -67,4 +70,25 @@ func TestHoldRecordConflicts(t *testing.T) {
 	if conflict(nil) || conflict(context.Canceled) {
 		t.Error("no error, or another error, is no conflict")
 	}
+}
+
+// testJetStream starts an embedded NATS server with JetStream and returns
+// a client of it; both end with the test.
+func testJetStream(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	srv, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 	"github.com/matbus/matbus/plan"
 )
 
@@ -32,7 +33,7 @@ func (w *Worker) runInstances(ctx context.Context) {
 			}
 			w.log.Warn("instances consumer not available, retrying", "error", err)
 			_ = w.bus.EnsureStreams(ctx)
-			if !sleep(ctx, delay) {
+			if !jobs.Sleep(ctx, delay) {
 				return
 			}
 			delay = min(delay*2, 5*time.Second)
@@ -41,7 +42,7 @@ func (w *Worker) runInstances(ctx context.Context) {
 		delay = 100 * time.Millisecond
 		it, err := cons.Messages()
 		if err != nil {
-			if !sleep(ctx, delay) {
+			if !jobs.Sleep(ctx, delay) {
 				return
 			}
 			continue

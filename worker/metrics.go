@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 )
 
 // Job outcomes counted by Metrics, as JetStream saw each delivery end.
@@ -95,11 +96,15 @@ func jobType(t events.Type) string {
 	}
 }
 
-func (m *Metrics) jobEnded(t events.Type, outcome string, d time.Duration) {
+// jobOutcomes are the outcome labels of the runtime's outcomes.
+var jobOutcomes = map[jobs.Outcome]string{jobs.OK: JobOK, jobs.Retried: JobRetried, jobs.Failed: JobFailed,
+	jobs.Terminated: JobTerminated, jobs.Undecodable: JobTerminated}
+
+func (m *Metrics) jobEnded(t events.Type, o jobs.Outcome, d time.Duration) {
 	if m == nil {
 		return
 	}
-	m.jobs.WithLabelValues(jobType(t), outcome).Inc()
+	m.jobs.WithLabelValues(jobType(t), jobOutcomes[o]).Inc()
 	if d >= 0 {
 		m.jobDuration.WithLabelValues(jobType(t)).Observe(d.Seconds())
 	}

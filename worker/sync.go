@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/matclient"
@@ -38,7 +39,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 		}
 		if err != nil {
 			w.rejectEvent(ctx, subject, err)
-			return &jobError{Err: err, Reported: true}
+			return jobs.Reported(err)
 		}
 		if err := w.admit(ctx, env, subject); err != nil {
 			return err
@@ -70,7 +71,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 		}
 		if err != nil {
 			w.rejectEvent(ctx, subject, err)
-			return &jobError{Err: err, Reported: true}
+			return jobs.Reported(err)
 		}
 		if err := w.admit(ctx, env, subject); err != nil {
 			return err
@@ -83,7 +84,7 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 	default:
 		err := fmt.Errorf("%w: %s on a sync subject", events.ErrWrongType, env.Type)
 		w.rejectEvent(ctx, subject, err)
-		return &jobError{Err: err, Reported: true}
+		return jobs.Reported(err)
 	}
 }
 
@@ -95,7 +96,7 @@ func (w *Worker) Sync(ctx context.Context, key string) error {
 		return err
 	}
 	if res.Failed() {
-		return &jobError{Retry: res.Transient, Reported: true, Err: errors.New(res.Error)}
+		return &jobs.Error{Retry: res.Transient, Reported: true, Err: errors.New(res.Error)}
 	}
 	return nil
 }
@@ -224,7 +225,7 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 	if len(p.Create)+len(p.Recreate) > 0 && ctx.Err() == nil {
 		w.afterGone(ctx, key, rec.Seq, jobID)
 	}
-	var je *jobError
+	var je *jobs.Error
 	switch {
 	case err == nil:
 		w.memo.completed(key, fp, changes)
@@ -449,7 +450,7 @@ func (w *Worker) Cleanup(ctx context.Context, key string) error {
 func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 	rec, found, err := w.bus.LastInstance(ctx, key)
 	if err != nil && !isEventErr(err) {
-		return &jobError{Retry: true, Err: err}
+		return jobs.Retry(err)
 	}
 	if found && rec.Present() {
 		w.log.Info("clean-up skipped: instance is present again", "instance", key)
@@ -481,7 +482,7 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 		if cls == Canceled || ctx.Err() != nil {
 			return context.Canceled
 		}
-		return &jobError{Retry: cls == Transient || refused, Err: fmt.Errorf("list Services of %s (%d attempts): %w", key, attempts, err)}
+		return &jobs.Error{Retry: cls == Transient || refused, Err: fmt.Errorf("list Services of %s (%d attempts): %w", key, attempts, err)}
 	}
 	var del []*corev1.Service
 	for i := range svcs.Items {
@@ -536,7 +537,7 @@ func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.
 			return ctx.Err()
 		}
 		sort.Strings(errs)
-		return &jobError{Retry: true, Err: fmt.Errorf("publish delete jobs: %s", strings.Join(errs, "; "))}
+		return jobs.Retry(fmt.Errorf("publish delete jobs: %s", strings.Join(errs, "; ")))
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/jobs"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/plan"
@@ -259,30 +260,22 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 
 	// hard ends the jobs' contexts ShutdownGrace after ctx ends.
-	hard, cancelHard := context.WithCancel(context.WithoutCancel(ctx))
+	hard, cancelHard := jobs.Grace(ctx, w.cfg.ShutdownGrace)
 	defer cancelHard()
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-hard.Done():
-			return
-		}
-		t := time.NewTimer(w.cfg.ShutdownGrace)
-		defer t.Stop()
-		select {
-		case <-t.C:
-			cancelHard()
-		case <-hard.Done():
-		}
-	}()
 
 	w.learnEpoch(ctx)
 	var wg sync.WaitGroup
 	wg.Add(4)
 	go func() { defer wg.Done(); w.watchHolds(ctx) }()
 	go func() { defer wg.Done(); w.runInstances(ctx) }()
-	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.SyncConsumer, w.cfg.Fetches, w.handleSync) }()
-	go func() { defer wg.Done(); w.runJobs(ctx, hard, events.DeleteConsumer, w.cfg.DeleteJobs, w.handleDelete) }()
+	go func() {
+		defer wg.Done()
+		jobs.Run(ctx, hard, w.handleSync, w.jobOptions(events.SyncConsumer, w.cfg.Fetches))
+	}()
+	go func() {
+		defer wg.Done()
+		jobs.Run(ctx, hard, w.handleDelete, w.jobOptions(events.DeleteConsumer, w.cfg.DeleteJobs))
+	}()
 	w.ready.Store(true)
 	w.log.Info("worker running", "worker", w.cfg.Name, "namespace", w.cfg.Plan.Namespace,
 		"jobs", w.cfg.Jobs, "fetches", w.cfg.Fetches, "delete_jobs", w.cfg.DeleteJobs, "concurrency", w.cfg.Concurrency)
@@ -300,347 +293,46 @@ func (w *Worker) managedBy() string {
 	return w.cfg.Plan.ManagedBy
 }
 
-// jobHandler handles one decoded job message. It returns nil when the job
-// is done (ack), or an error: a *jobError says whether to retry.
-type jobHandler func(ctx context.Context, env events.Envelope, subject string) error
-
-// Pull timing of the job consumers: a pull request waits at most
-// pullWait for messages, and the server sends heartbeats every
-// pullHeartbeat (a missing one means the server or consumer is gone).
-const (
-	pullWait      = 10 * time.Second
-	pullHeartbeat = 2 * time.Second
-	// backlogPoll is how often a backlogged sync consumer checks whether
-	// it may pull again.
-	backlogPoll = 50 * time.Millisecond
-)
-
-// runJobs consumes one durable pull consumer until ctx ends, re-creating the
-// consumer (and its stream) whenever it is lost: deleted, stream
-// re-created, or heartbeats missing after a server restart.
-//
-// It keeps exactly `slots` messages either running or requested: whenever
-// slots free up it sends a new pull request for just that many, without
-// waiting for earlier requests to fill or expire, so a job that ends frees
-// its slot for the next message at once (pull requests overlap). A message
-// is never held in a client-side buffer behind slow jobs, where AckWait
-// would run out without progress and JetStream would redeliver it. On the
-// sync consumer a subjectGate lets at most one job per instance run at a
-// time here.
-func (w *Worker) runJobs(ctx, hard context.Context, consumer string, slots int, h jobHandler) {
-	log := w.log.With("consumer", consumer)
-	sem := make(chan struct{}, slots)
-	var gate *subjectGate
+// jobOptions are the runtime options of consumer (events.SyncConsumer
+// or events.DeleteConsumer) with slots jobs at once. The sync consumer
+// pulls one job at a time, runs one job per instance at a time, and
+// pulls nothing while a sync job here waits for an apply slot (see
+// acquireApplySlot), so other workers take the next jobs.
+func (w *Worker) jobOptions(consumer string, slots int) jobs.Options {
+	o := jobs.Options{Name: consumer, Slots: slots, AckWait: w.bus.Config().AckWait, MaxDeliver: w.bus.Config().MaxDeliver,
+		Attach: func(ctx context.Context) (jetstream.Consumer, error) { return w.attach(ctx, consumer) },
+		Report: func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) },
+		Ended:  w.jobEnded, Cause: transientCause, Log: w.log}
 	if consumer == events.SyncConsumer {
-		gate = newSubjectGate(w.bus.Config().AckWait / 3)
-		gate.superseded = w.superseded
-		defer gate.release() // jobs still waiting are left for redelivery
+		o.OneAtATime, o.PerSubject, o.Superseded = true, true, w.superseded
+		o.Backlogged = func() bool { return w.applyWaiting.Load() > 0 }
 	}
-	var inflight sync.WaitGroup
-	defer inflight.Wait()
-	free := func(n int) {
-		for range n {
-			<-sem
-		}
-	}
-	dispatch := func(msg jetstream.Msg) {
-		if ctx.Err() != nil {
-			_ = msg.Nak()
-			free(1)
-			return
-		}
-		if gate != nil && !gate.admit(msg) {
-			free(1) // held until its instance's running job ends
-			return
-		}
-		inflight.Add(1)
-		go func() {
-			defer inflight.Done()
-			defer free(1)
-			w.runJob(hard, msg, h)
-			if gate == nil {
-				return
-			}
-			// Then the jobs of this instance that arrived meanwhile (at
-			// most one waits); at shutdown they are left for redelivery.
-			for next := gate.done(msg.Subject()); next != nil; next = gate.done(msg.Subject()) {
-				if ctx.Err() != nil {
-					_ = next.Nak()
-					continue
-				}
-				w.runJob(hard, next, h)
-			}
-		}()
-	}
-	delay := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		cons, err := w.bus.EnsureConsumer(ctx, consumer)
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			err = w.bus.EnsureStreams(ctx)
-			if err == nil {
-				cons, err = w.bus.EnsureConsumer(ctx, consumer)
-			}
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			log.Warn("consumer not available, retrying", "error", err, "retry_in", delay)
-			if !sleep(ctx, delay) {
-				return
-			}
-			delay = min(delay*2, 5*time.Second)
-			continue
-		}
-		delay = 100 * time.Millisecond
-		batch := slots
-		var backlogged func() bool
-		if consumer == events.SyncConsumer {
-			batch = 1
-			backlogged = func() bool { return w.applyWaiting.Load() > 0 }
-		}
-		w.pull(ctx, log, cons, sem, slots, batch, backlogged, dispatch)
-	}
+	return o
 }
 
-// pull sends pull requests on cons for free slots of sem until ctx ends or
-// a request fails (the consumer is then re-attached by the caller).
-//
-// With batch 1 (the sync consumer) it keeps one pull request for one
-// message open at a time, sending the next as soon as a message arrives:
-// the server serves waiting pull requests in arrival order, so jobs are
-// spread over the workers in turn instead of filling the first worker's
-// large request (a few big instances on one worker while others idle).
-// Larger batches (delete jobs, which are many and small) may overlap.
-//
-// Overlapping requests that a burst split into one per freed slot are
-// merged again when the queue runs dry: once a request ends short of its
-// batch (it expired: nothing was left to deliver), no new request is sent
-// until every open one has ended, and then one asks for all free slots.
-// Otherwise each expiring fragment asked again for its own slot, and an
-// idle worker kept one request (and two goroutines) per slot open.
-//
-// While backlogged (may be nil) reports true — a sync job here waits for
-// an apply slot — no new request is sent (checked every backlogPoll):
-// the jobs stay in the stream for workers that can start them, instead
-// of queueing behind this worker's applies (at 40 instances and more,
-// one worker had taken half of them and held some for minutes, until
-// discovery gave up on their results and sent them to another worker).
-func (w *Worker) pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots, batchMax int,
-	backlogged func() bool, dispatch func(jetstream.Msg)) {
-	actx, cancel := context.WithCancel(ctx)
-	broken := make(chan error, 1)
-	var batches sync.WaitGroup
-	defer func() {
-		cancel() // ends the open pull requests
-		batches.Wait()
-	}()
-	var (
-		mu    sync.Mutex
-		open  int  // pull requests not ended
-		dry   bool // a request expired short of its batch
-		ended = make(chan struct{}, 1)
-	)
-	var resume <-chan time.Time
-	for {
-		acquire := sem
-		mu.Lock()
-		if dry && open > 0 {
-			acquire = nil // merge: wait for the open requests to end
-		} else {
-			dry = false
-		}
-		mu.Unlock()
-		resume = nil
-		if backlogged != nil && backlogged() {
-			// Saturated: leave the next jobs to workers with a free apply slot.
-			acquire, resume = nil, time.After(backlogPoll)
-		}
-		select {
-		case acquire <- struct{}{}:
-		case <-resume:
-			continue
-		case <-ended:
-			continue
-		case err := <-broken:
-			log.Warn("consumer interrupted, re-attaching", "error", err)
-			return
-		case <-actx.Done():
-			return
-		}
-		n := 1
-	take:
-		for n < min(slots, batchMax) {
-			select {
-			case sem <- struct{}{}:
-				n++
-			default:
-				break take
-			}
-		}
-		fctx, fcancel := context.WithTimeout(actx, pullWait)
-		batch, err := cons.Fetch(n, jetstream.FetchContext(fctx), jetstream.FetchHeartbeat(pullHeartbeat))
-		if err != nil {
-			fcancel()
-			for range n {
-				<-sem
-			}
-			if ctx.Err() == nil {
-				log.Warn("pull failed, re-attaching", "error", err)
-				sleep(ctx, 100*time.Millisecond)
-			}
-			return
-		}
-		batches.Add(1)
-		mu.Lock()
-		open++
-		mu.Unlock()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			defer batches.Done()
-			defer fcancel()
-			got := 0
-			for msg := range batch.Messages() {
-				got++
-				dispatch(msg)
-			}
-			for range n - got {
-				<-sem
-			}
-			mu.Lock()
-			open--
-			dry = dry || got < n
-			mu.Unlock()
-			select {
-			case ended <- struct{}{}:
-			default:
-			}
-			if err := batch.Error(); err != nil && actx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
-				select {
-				case broken <- err:
-				default:
-				}
-			}
-		}()
-		if batchMax == 1 {
-			select {
-			case <-done:
-			case <-actx.Done():
-			}
+// attach returns the durable consumer, creating it, and its stream when
+// that is missing.
+func (w *Worker) attach(ctx context.Context, consumer string) (jetstream.Consumer, error) {
+	cons, err := w.bus.EnsureConsumer(ctx, consumer)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if err = w.bus.EnsureStreams(ctx); err == nil {
+			cons, err = w.bus.EnsureConsumer(ctx, consumer)
 		}
 	}
+	return cons, err
 }
 
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// jobError is a job failure: Retry asks for redelivery, otherwise the job is
-// terminated. Reported is true when an error event was already published.
-type jobError struct {
-	Retry    bool
-	Reported bool
-	Err      error
-}
-
-func (e *jobError) Error() string { return e.Err.Error() }
-func (e *jobError) Unwrap() error { return e.Err }
-
-// runJob decodes msg, runs h with progress reports, and acks, naks or
-// terminates it.
-func (w *Worker) runJob(ctx context.Context, msg jetstream.Msg, h jobHandler) {
-	subject := msg.Subject()
-	env, err := events.Decode(msg.Data())
-	if err != nil {
-		w.rejectEvent(ctx, subject, err)
-		_ = msg.TermWithReason("undecodable event")
-		w.cfg.Metrics.jobEnded("", JobTerminated, -1)
-		return
-	}
-	delivered := uint64(1)
-	if md, err := msg.Metadata(); err == nil {
-		delivered = md.NumDelivered
-	}
-	// Tell JetStream the job is alive while it runs (AckWait/3).
-	progressEvery := w.bus.Config().AckWait / 3
-	stop := make(chan struct{})
-	var progress sync.WaitGroup
-	progress.Add(1)
-	go func() {
-		defer progress.Done()
-		t := time.NewTicker(progressEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				_ = msg.InProgress()
-			}
-		}
-	}()
-	started := time.Now()
-	err = h(ctx, env, subject)
-	took := time.Since(started)
-	close(stop)
-	progress.Wait()
-
-	var je *jobError
-	switch {
-	case err == nil:
-		if aerr := msg.Ack(); aerr != nil {
-			w.log.Debug("ack failed; the job will be redelivered and is idempotent", "subject", subject, "error", aerr)
-		}
-		w.cfg.Metrics.jobEnded(env.Type, JobOK, took)
-	case ctx.Err() != nil || errors.Is(err, context.Canceled):
-		// Shutdown: leave it for another worker, report nothing.
-		_ = msg.Nak()
-		w.cfg.Metrics.jobEnded(env.Type, JobRetried, took)
-	case errors.As(err, &je) && je.Retry:
-		if delivered >= uint64(w.bus.Config().MaxDeliver) {
-			w.failed.Add(1)
-			w.cfg.Metrics.jobEnded(env.Type, JobFailed, took)
-			// The event names the cause, not the Service (that is in the log), so
-			// the jobs one fault exhausts share one event per rate-limit window.
-			w.log.Warn("job gave up", "subject", subject, "deliveries", delivered, "error", err)
-			w.report.Report(ctx, events.Error{Kind: kindOf(env.Type), Instance: keyOf(subject), Subject: subject,
-				Message: fmt.Sprintf("job gave up after %d deliveries: %s", delivered, transientCause(err)), Attempts: int(delivered)})
-			_ = msg.TermWithReason("deliveries exhausted")
-			return
-		}
-		_ = msg.NakWithDelay(time.Duration(delivered) * 2 * time.Second)
-		w.cfg.Metrics.jobEnded(env.Type, JobRetried, took)
-	default:
+// jobEnded counts a job's outcome in Stats (a job that gave up or was
+// refused is failed; an undecodable message is not a job) and Metrics.
+func (w *Worker) jobEnded(t events.Type, o jobs.Outcome, took time.Duration) {
+	if o == jobs.Failed || o == jobs.Terminated {
 		w.failed.Add(1)
-		w.cfg.Metrics.jobEnded(env.Type, JobTerminated, took)
-		if !(errors.As(err, &je) && je.Reported) {
-			w.report.Report(ctx, events.Error{Kind: kindOf(env.Type), Instance: keyOf(subject), Subject: subject,
-				Message: err.Error(), Permanent: true, Attempts: int(delivered)})
-		}
-		_ = msg.TermWithReason("permanent failure")
 	}
+	w.cfg.Metrics.jobEnded(t, o, took)
 }
 
 func (w *Worker) rejectEvent(ctx context.Context, subject string, err error) {
-	w.report.Report(ctx, events.Error{Kind: events.ErrorEvent, Subject: subject, Instance: keyOf(subject),
-		Message: fmt.Sprintf("rejected message: %v", err), Permanent: true})
-}
-
-func kindOf(t events.Type) events.ErrorKind {
-	switch t {
-	case events.TypeDeleteJob, events.TypeCleanupJob:
-		return events.ErrorDelete
-	default:
-		return events.ErrorUpdate
-	}
+	w.report.Report(ctx, jobs.Rejected(subject, err))
 }
 
 func keyOf(subject string) string {

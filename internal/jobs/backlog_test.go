@@ -1,4 +1,4 @@
-package worker
+package jobs
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func TestPullPausesWhileBacklogged(t *testing.T) {
 		}
 	}
 
-	w := &Worker{log: slog.New(slog.DiscardHandler)}
+	log := slog.New(slog.DiscardHandler)
 	var backlogged atomic.Bool
 	backlogged.Store(true)
 	got := make(chan string, 3)
@@ -42,7 +42,7 @@ func TestPullPausesWhileBacklogged(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		w.pull(pctx, w.log, cons, sem, slots, 1, backlogged.Load, func(m jetstream.Msg) {
+		pull(pctx, log, cons, sem, slots, 1, backlogged.Load, func(m jetstream.Msg) {
 			_ = m.Ack()
 			<-sem
 			got <- m.Subject()

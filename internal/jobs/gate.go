@@ -1,4 +1,4 @@
-package worker
+package jobs
 
 import (
 	"sync"
@@ -27,8 +27,7 @@ type subjectGate struct {
 
 type waitingJob struct {
 	msg  jetstream.Msg
-	stop chan struct{}
-	done chan struct{}
+	halt func() // ends its progress reports
 }
 
 func newSubjectGate(progress time.Duration) *subjectGate {
@@ -53,9 +52,7 @@ func (g *subjectGate) admit(msg jetstream.Msg) bool {
 			g.superseded(old.msg)
 		}
 	}
-	wj := &waitingJob{msg: msg, stop: make(chan struct{}), done: make(chan struct{})}
-	g.waiting[subj] = wj
-	go wj.keepAlive(g.progress)
+	g.waiting[subj] = &waitingJob{msg: msg, halt: keepAlive(msg, g.progress)}
 	return false
 }
 
@@ -82,24 +79,5 @@ func (g *subjectGate) release() {
 		wj.halt()
 		_ = wj.msg.Nak()
 		delete(g.waiting, subj)
-	}
-}
-
-func (wj *waitingJob) halt() {
-	close(wj.stop)
-	<-wj.done
-}
-
-func (wj *waitingJob) keepAlive(every time.Duration) {
-	defer close(wj.done)
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-wj.stop:
-			return
-		case <-t.C:
-			_ = wj.msg.InProgress()
-		}
 	}
 }
