@@ -21,3 +21,6 @@ func (w *Worker) PlanOf(ctx context.Context, inst events.Instance, st *matclient
 	d.ForeignIPs = foreign
 	return plan.Diff(d, existing, w.cfg.Plan), nil
 }
+
+// StateSizes returns how many instances each per-instance store holds.
+func (w *Worker) StateSizes() map[string]int { return w.sizes() }

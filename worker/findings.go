@@ -20,8 +20,7 @@ func holdsDeletes(r plan.HoldReason) bool {
 // warning repeats on every sync while the status stays the same.
 func (w *Worker) reportWarnings(ctx context.Context, key string, d plan.Desired) {
 	for _, wn := range d.Warnings {
-		id := key + "\x00" + wn.MatID + "\x00" + wn.Detail
-		if _, seen := w.warned.LoadOrStore(id, struct{}{}); seen {
+		if !w.warned.first(key, wn.MatID+"\x00"+wn.Detail) {
 			continue
 		}
 		w.log.Warn("plan warning", "instance", key, "mat_id", wn.MatID, "service", wn.Name, "detail", wn.Detail)

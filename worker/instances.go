@@ -113,11 +113,7 @@ func (w *Worker) applyInstance(ctx context.Context, typ events.Type, inst events
 		}
 		w.log.Debug("instance appeared", "instance", inst.Key, "url", inst.URL)
 	case events.TypeInstanceGone:
-		w.cache.Release(ctx, inst.Key)
-		w.memo.forget(inst.Key)
-		w.desired.forget(inst.Key)
-		w.refused.forget(inst.Key)
-		w.cfg.Metrics.forget(inst.Key)
+		w.forget(ctx, inst.Key)
 		w.log.Debug("instance gone", "instance", inst.Key, "url", inst.URL)
 	}
 }
@@ -145,8 +141,7 @@ func (w *Worker) resyncCache(ctx context.Context) {
 			w.applyInstance(ctx, events.TypeInstanceAppeared, r.Instance)
 			continue
 		}
-		w.cache.Release(ctx, key)
-		w.cfg.Metrics.forget(key)
+		w.forget(ctx, key)
 	}
 	w.sweepGone(ctx, recs)
 }

@@ -10,10 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/matsim"
+	"github.com/matbus/matbus/worker"
 )
 
 // TestManyInstancesLeaveNoGoroutine: 200 instances, each on its own MAT
@@ -47,7 +49,11 @@ func TestManyInstancesLeaveNoGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.startPublisher(src)
-	w := e.startWorker(workerOpts{})
+	metrics, err := worker.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := e.startWorker(workerOpts{Tweak: func(c *worker.Config) { c.Metrics = metrics }})
 	time.Sleep(time.Second) // the publisher's first reconcile
 
 	// goleak finds goroutines by id; a job consumer's pull request is
@@ -59,7 +65,7 @@ func TestManyInstancesLeaveNoGoroutine(t *testing.T) {
 		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
 		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"),
 		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
-		goleak.IgnoreTopFunction("github.com/matbus/matbus/worker.(*Worker).pull.func2"),
+		goleak.IgnoreTopFunction("github.com/matbus/matbus/internal/jobs.(*requests).drain"),
 		goleak.IgnoreTopFunction("github.com/nats-io/nats.go/jetstream.(*pullConsumer).fetch.func1"),
 		goleak.IgnoreCurrent(),
 	}
@@ -81,6 +87,15 @@ func TestManyInstancesLeaveNoGoroutine(t *testing.T) {
 		s := w.Cache().Stats()
 		return len(s.URLs) == 0 && s.Closed == s.Created, fmt.Sprintf("%+v", s)
 	})
+	waitFor(t, "every per-instance store empty", func() (bool, string) {
+		sizes := w.StateSizes()
+		for _, n := range sizes {
+			if n != 0 {
+				return false, fmt.Sprintf("%v", sizes)
+			}
+		}
+		return true, ""
+	})
 	// The pull requests that the delete fan-out split are merged once
 	// they have expired (10 s after the last one was sent).
 	gone := time.Now()
@@ -92,6 +107,36 @@ func TestManyInstancesLeaveNoGoroutine(t *testing.T) {
 	}
 	if more != "" {
 		t.Errorf("more goroutines than before the instances appeared (count: stack):\n%s", more)
+	}
+}
+
+// TestRunLeavesNoGoroutine: every goroutine a worker starts (informer,
+// consumers, pull requests, job runners, the shutdown grace, the hold
+// watch, MAT clients) has ended when Run returns, with instances synced.
+func TestRunLeavesNoGoroutine(t *testing.T) {
+	e := newEnv(t)
+	f, err := matsim.Generate(matsim.FleetSpec{Hosts: 2, BMCSubnet: "10.101.0.0/24", Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim := e.startSim(matsim.Options{Fleet: f})
+	src, err := discovery.NewStatic("test", []discovery.StaticEntry{e.entry("mat-0", sim.URL())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.startPublisher(src)
+	time.Sleep(time.Second) // the publisher's first reconcile
+	opts := []goleak.Option{
+		goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
+		goleak.IgnoreAnyFunction("net/http.(*http2ClientConn).readLoop"),
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
+		goleak.IgnoreCurrent(),
+	}
+	w := e.startWorker(workerOpts{})
+	e.waitServices(wantServiceNames(f)...)
+	w.Stop()
+	if _, leaked := settle(10*time.Second, goroutineProfile(), opts...); leaked != nil {
+		t.Errorf("goroutines left after Worker.Run returned: %v", leaked)
 	}
 }
 

@@ -151,6 +151,20 @@ func (m *Metrics) forget(key string) {
 	}
 }
 
+// series counts the per-instance series of the last sync's time.
+func (m *Metrics) series() int {
+	if m == nil {
+		return 0
+	}
+	ch := make(chan prometheus.Metric, 16)
+	go func() { m.lastSync.Collect(ch); close(ch) }()
+	n := 0
+	for range ch {
+		n++
+	}
+	return n
+}
+
 // holdSeen records hold record r.
 func (m *Metrics) holdSeen(r events.HoldRecord) {
 	if m == nil {

@@ -494,7 +494,7 @@ func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
 	if jobID != "" {
 		suffix = "@" + jobID
 	}
-	w.memo.forget(key)
+	w.forget(ctx, key)
 	return w.publishDeletes(ctx, key, del, events.DeleteGone, suffix, time.Time{})
 }
 

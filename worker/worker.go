@@ -121,7 +121,6 @@ type Worker struct {
 	cfg    Config
 	bus    *events.Bus
 	kube   kubernetes.Interface
-	cache  *ClientCache
 	report *events.Reporter
 	log    *slog.Logger
 
@@ -136,11 +135,9 @@ type Worker struct {
 	// applyWaiting counts sync jobs held here waiting for an apply slot;
 	// while it is above 0 the sync consumer sends no pull request (see
 	// pull), so other workers take the next jobs.
-	applyWaiting atomic.Int64
-	writes       chan struct{} // Concurrency
-	memo         *memo
-	desired      *desiredCache
-	warned       sync.Map // warnings already reported: "<key>\x00<mat_id>\x00<detail>" -> struct{}
+	applyWaiting  atomic.Int64
+	writes        chan struct{} // Concurrency
+	instanceState               // everything kept per instance, forgotten together
 	// pendingDeletes: Service UID -> when its stale delete job was published.
 	pendingDeletes sync.Map
 	// pendingSwept: when pendingDeletes was last swept of expired entries
@@ -150,7 +147,6 @@ type Worker struct {
 	holds        *holdView  // the hold records of the namespace (watchHolds)
 	kvMu         sync.Mutex
 	kv           jetstream.KeyValue // the state bucket, once bound (stateKV)
-	refused      refusedSet         // instances whose last fetch refused MAT's certificate
 
 	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }
@@ -180,8 +176,9 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	}
 	w := &Worker{cfg: cfg, bus: bus, kube: kube, report: report, log: log,
 		applySlots: make(chan struct{}, cfg.Jobs), writes: make(chan struct{}, cfg.Concurrency),
-		memo: newMemo(), desired: newDesiredCache(), holds: newHoldView()}
-	w.cache = NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })
+		holds: newHoldView()}
+	w.instanceState = instanceState{memo: newMemo(), desired: newDesiredCache(), metrics: cfg.Metrics,
+		cache: NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })}
 	w.watch = kubewatch.New("services", report, log)
 	return w, nil
 }
