@@ -16,16 +16,9 @@ import (
 
 // handleDelete runs one delete job.
 func (w *Worker) handleDelete(ctx context.Context, env events.Envelope, subject string) error {
-	job, err := events.Into[events.DeleteJob](env, events.TypeDeleteJob)
-	if err == nil {
-		err = keyMatches(subject, job.Key)
-	}
-	if err == nil && job.Namespace != w.cfg.Plan.Namespace {
-		err = fmt.Errorf("%w: delete job for namespace %q; this worker manages %q", events.ErrMalformed, job.Namespace, w.cfg.Plan.Namespace)
-	}
+	job, err := deleteOpening.accept(ctx, w, env, subject)
 	if err != nil {
-		w.rejectEvent(ctx, subject, err)
-		return jobs.Reported(err)
+		return err
 	}
 	return w.Delete(ctx, job)
 }

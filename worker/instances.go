@@ -87,20 +87,13 @@ func (w *Worker) runInstances(ctx context.Context) {
 // handleInstanceMsg applies one instance event to the client cache.
 func (w *Worker) handleInstanceMsg(ctx context.Context, subject string, data []byte) {
 	env, err := events.Decode(data)
-	if err == nil {
-		var inst events.Instance
-		inst, err = events.Into[events.Instance](env, events.TypeInstanceAppeared, events.TypeInstanceGone)
-		if err == nil {
-			err = keyMatches(subject, inst.Key)
-		}
-		if err == nil {
-			if w.admit(ctx, env, subject) == nil {
-				w.applyInstance(ctx, env.Type, inst)
-			}
-			return
-		}
+	if err != nil {
+		w.rejectEvent(ctx, subject, err)
+		return
 	}
-	w.rejectEvent(ctx, subject, err)
+	if inst, err := instanceOpening.accept(ctx, w, env, subject); err == nil {
+		w.applyInstance(ctx, env.Type, inst)
+	}
 }
 
 func (w *Worker) applyInstance(ctx context.Context, typ events.Type, inst events.Instance) {

@@ -33,15 +33,8 @@ import (
 func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject string) error {
 	switch env.Type {
 	case events.TypeSyncJob:
-		job, err := events.Into[events.SyncJob](env, events.TypeSyncJob)
-		if err == nil {
-			err = keyMatches(subject, job.Key)
-		}
+		job, err := syncOpening.accept(ctx, w, env, subject)
 		if err != nil {
-			w.rejectEvent(ctx, subject, err)
-			return jobs.Reported(err)
-		}
-		if err := w.admit(ctx, env, subject); err != nil {
 			return err
 		}
 		start := time.Now()
@@ -65,15 +58,8 @@ func (w *Worker) handleSync(ctx context.Context, env events.Envelope, subject st
 		}
 		return nil
 	case events.TypeCleanupJob:
-		job, err := events.Into[events.CleanupJob](env, events.TypeCleanupJob)
-		if err == nil {
-			err = keyMatches(subject, job.Key)
-		}
+		job, err := cleanupOpening.accept(ctx, w, env, subject)
 		if err != nil {
-			w.rejectEvent(ctx, subject, err)
-			return jobs.Reported(err)
-		}
-		if err := w.admit(ctx, env, subject); err != nil {
 			return err
 		}
 		if err := w.cleanup(ctx, job.Key, env.ID); err != nil {
@@ -538,16 +524,6 @@ func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.
 		}
 		sort.Strings(errs)
 		return jobs.Retry(fmt.Errorf("publish delete jobs: %s", strings.Join(errs, "; ")))
-	}
-	return nil
-}
-
-// keyMatches rejects a message whose data names another instance than its
-// subject: such a message could act on an instance outside the per-instance
-// ordering of its subject.
-func keyMatches(subject, key string) error {
-	if k, ok := events.KeyFromSubject(subject); !ok || k != key {
-		return fmt.Errorf("%w: data key %q does not match subject %s", events.ErrMalformed, key, subject)
 	}
 	return nil
 }
