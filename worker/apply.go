@@ -99,38 +99,12 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 	}
 
 	// Phase 1: deletes that free an IP this plan needs.
-	needed := map[string]bool{}
-	if w.cfg.Plan.IPMode != plan.IPModeExternalIP {
-		for _, s := range p.Create {
-			needed[s.Spec.ClusterIP] = true
-		}
-		for _, u := range p.Recreate {
-			needed[u.New.Spec.ClusterIP] = true
-		}
-	}
-	// Their deletes are no change of the instance's Services (see memo);
-	// a failure below makes the next poll plan again.
-	w.memo.expect(key, p.Delete)
+	firstDeletes, later := w.splitDeletes(ctx, key, p, tag)
 	var first []op
-	later := make([]*corev1.Service, 0, len(p.Delete))
-	for _, s := range p.Delete {
-		if ip := s.Spec.ClusterIP; ip != "" && needed[ip] {
-			first = append(first, op{events.ErrorDelete, s, func(ctx context.Context, _ int) error { return w.deleteOwned(ctx, s) },
-				func() { w.deleted.Add(1) }})
-			continue
-		}
-		later = append(later, s)
+	for _, s := range firstDeletes {
+		first = append(first, op{events.ErrorDelete, s, func(ctx context.Context, _ int) error { return w.deleteOwned(ctx, s) },
+			func() { w.deleted.Add(1) }})
 	}
-	later = w.freshDeletes(later, tag)
-	deferred := len(later) > 0 && w.storedJobs(ctx, events.StreamDelete, w.bus.Subjects().Delete(key)) > 0
-	if deferred {
-		// A fan-out of this instance is still being worked off (perhaps
-		// planned by another worker): add nothing now; once its queue is
-		// empty, the next poll plans again and publishes what is still
-		// to delete.
-		later = nil
-	}
-	w.memo.setDeferred(key, deferred)
 	if len(first)+len(later)+len(p.Create)+len(p.Update)+len(p.Recreate) > 0 {
 		log.Info("applying plan", "create", len(p.Create), "update", len(p.Update), "recreate", len(p.Recreate),
 			"delete", len(first)+len(later), "delete_waiting", len(p.Delete)-len(first)-len(later))
@@ -166,6 +140,15 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 	if err := w.publishDeletes(ctx, key, later, events.DeleteStale, staleSuffix(tag), plannedAt); err != nil {
 		return err
 	}
+	return w.writesFailed(ctx, key, total, transient, permanent, firstKind, firstErr)
+}
+
+// writesFailed is the error of an apply of total writes of which those
+// of transient failed after their backoff (the first with kind firstKind
+// and firstErr: one event for them all, and the job is retried) and those
+// of permanent were refused (reported per Service already: the job is
+// terminated); nil when none failed.
+func (w *Worker) writesFailed(ctx context.Context, key string, total int, transient, permanent []string, firstKind events.ErrorKind, firstErr error) error {
 	if len(transient) > 0 {
 		w.reportTransient(ctx, key, firstKind, transient, total, firstErr)
 		return &jobs.Error{Retry: true, Reported: true, Err: fmt.Errorf("%d Service writes failed transiently, first: %s: %w", len(transient), transient[0], firstErr)}
@@ -175,6 +158,45 @@ func (w *Worker) apply(ctx context.Context, log *slog.Logger, key string, p plan
 		return &jobs.Error{Reported: true, Err: fmt.Errorf("%d Service writes failed permanently, first: %s", len(permanent), permanent[0])}
 	}
 	return nil
+}
+
+// splitDeletes divides the deletes of p: first those that free an IP a
+// create or recreate of p needs (run inline, before them), later the rest
+// (published as delete jobs), without those this worker published for the
+// same status already (see freshDeletes), and none while a fan-out of the
+// instance is still queued (the memo records that the plan deferred them).
+func (w *Worker) splitDeletes(ctx context.Context, key string, p plan.Plan, tag string) (first, later []*corev1.Service) {
+	needed := map[string]bool{}
+	if w.cfg.Plan.IPMode != plan.IPModeExternalIP {
+		for _, s := range p.Create {
+			needed[s.Spec.ClusterIP] = true
+		}
+		for _, u := range p.Recreate {
+			needed[u.New.Spec.ClusterIP] = true
+		}
+	}
+	// Their deletes are no change of the instance's Services (see memo);
+	// a failure below makes the next poll plan again.
+	w.memo.expect(key, p.Delete)
+	later = make([]*corev1.Service, 0, len(p.Delete))
+	for _, s := range p.Delete {
+		if ip := s.Spec.ClusterIP; ip != "" && needed[ip] {
+			first = append(first, s)
+			continue
+		}
+		later = append(later, s)
+	}
+	later = w.freshDeletes(later, tag)
+	deferred := len(later) > 0 && w.storedJobs(ctx, events.StreamDelete, w.bus.Subjects().Delete(key)) > 0
+	if deferred {
+		// A fan-out of this instance is still being worked off (perhaps
+		// planned by another worker): add nothing now; once its queue is
+		// empty, the next poll plans again and publishes what is still
+		// to delete.
+		later = nil
+	}
+	w.memo.setDeferred(key, deferred)
+	return first, later
 }
 
 // deleteOwned deletes s (an existing Service of the plan) with its UID as

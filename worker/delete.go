@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -53,31 +54,8 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 		log.Info("delete skipped: instance is present again")
 		return nil
 	case job.Reason != events.DeleteGone && present:
-		held, err := w.heldDelete(ctx, job)
-		if err != nil {
-			if ctx.Err() != nil {
-				return context.Canceled
-			}
-			log.Info("delete held: the instance's hold record cannot be read", "error", err)
-			return jobs.Retry(err)
-		}
-		if held {
-			w.kept.Add(1)
-			log.Info("delete skipped: held with the instance's other vanished devices until the hold's window ends", "mat_id", job.MatID)
-			return nil
-		}
-		set, err := w.currentDesired(ctx, rec.Instance, job.PlannedAt)
-		if err != nil {
-			if ctx.Err() != nil {
-				return context.Canceled
-			}
-			log.Info("delete held: the newest status cannot be read", "error", err)
-			return jobs.Retry(err)
-		}
-		if why := set.keeps(job); why != "" {
-			w.kept.Add(1)
-			log.Info("delete skipped: "+why, "mat_id", job.MatID)
-			return nil
+		if keep, err := w.keepStale(ctx, log, job, rec.Instance); keep || err != nil {
+			return err
 		}
 	}
 	svcs := w.kube.CoreV1().Services(job.Namespace)
@@ -147,6 +125,39 @@ func (w *Worker) Delete(ctx context.Context, job events.DeleteJob) error {
 		w.reportTransient(ctx, job.Key, events.ErrorDelete, []string{job.Namespace + "/" + job.Name}, 1, err)
 	}
 	return &jobs.Error{Retry: cls == Transient, Reported: true, Err: fmt.Errorf("delete %s/%s: %w", job.Namespace, job.Name, err)}
+}
+
+// keepStale reports whether the stale delete job is not to run: a hold in
+// force lists its Service, or inst's newest status still wants it (see
+// Delete). An error (the job is retried, or ctx ended) keeps it too.
+func (w *Worker) keepStale(ctx context.Context, log *slog.Logger, job events.DeleteJob, inst events.Instance) (bool, error) {
+	held, err := w.heldDelete(ctx, job)
+	if err != nil {
+		if ctx.Err() != nil {
+			return true, context.Canceled
+		}
+		log.Info("delete held: the instance's hold record cannot be read", "error", err)
+		return true, jobs.Retry(err)
+	}
+	if held {
+		w.kept.Add(1)
+		log.Info("delete skipped: held with the instance's other vanished devices until the hold's window ends", "mat_id", job.MatID)
+		return true, nil
+	}
+	set, err := w.currentDesired(ctx, inst, job.PlannedAt)
+	if err != nil {
+		if ctx.Err() != nil {
+			return true, context.Canceled
+		}
+		log.Info("delete held: the newest status cannot be read", "error", err)
+		return true, jobs.Retry(err)
+	}
+	if why := set.keeps(job); why != "" {
+		w.kept.Add(1)
+		log.Info("delete skipped: "+why, "mat_id", job.MatID)
+		return true, nil
+	}
+	return false, nil
 }
 
 // errChangedSinceCached makes retry try a delete again, reading the

@@ -5,20 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/jobs"
 	"github.com/matbus/matbus/kubeevents"
-	"github.com/matbus/matbus/kubewatch"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
 )
@@ -106,26 +101,9 @@ func (w *Worker) Sync(ctx context.Context, key string) error {
 // published (zero when it is not a job), for the job-delay metric.
 func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, published time.Time) (events.SyncResult, error) {
 	key := job.Key
-	rec, found, err := w.bus.LastInstance(ctx, key)
-	if err != nil {
-		if isEventErr(err) {
-			w.report.Report(ctx, events.Error{Kind: events.ErrorEvent, Instance: key, Subject: w.bus.Subjects().Instance(key),
-				Message: fmt.Sprintf("stored instance record is unreadable: %v", err), Permanent: true})
-			return events.SyncResult{Outcome: events.OutcomeSkipped, Error: err.Error()}, nil
-		}
-		if ctx.Err() != nil {
-			return events.SyncResult{}, ctx.Err()
-		}
-		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
-	}
-	if !found || !rec.Present() {
-		w.log.Debug("sync skipped: instance not present", "instance", key)
-		return events.SyncResult{Outcome: events.OutcomeSkipped}, nil
-	}
-	if old, newest := w.fence.stale(rec.Epoch); old {
-		// A deposed leader's appeared record: the new leader rewrites it.
-		w.log.Debug("sync skipped: instance record of a deposed leader", "instance", key, "epoch", rec.Epoch.String(), "newest_epoch", newest.String())
-		return events.SyncResult{Outcome: events.OutcomeSkipped, Error: "instance record of a deposed leader's epoch"}, nil
+	rec, res, err := w.syncRecord(ctx, key)
+	if rec == nil {
+		return res, err
 	}
 	inst := rec.Instance
 	log := w.log.With("instance", key, "url", inst.URL)
@@ -211,6 +189,14 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 	if len(p.Create)+len(p.Recreate) > 0 && ctx.Err() == nil {
 		w.afterGone(ctx, key, rec.Seq, jobID)
 	}
+	return w.applied(ctx, key, fp, changes, notModified, err)
+}
+
+// applied is the result of a sync whose plan was applied with error err
+// (nil: every write succeeded), and records it in the memo: a sync that
+// completed, or whose writes were refused for good, is not planned again
+// until the status or key's Services (change count changes) change.
+func (w *Worker) applied(ctx context.Context, key, fp string, changes uint64, notModified bool, err error) (events.SyncResult, error) {
 	var je *jobs.Error
 	switch {
 	case err == nil:
@@ -229,6 +215,35 @@ func (w *Worker) syncJob(ctx context.Context, job events.SyncJob, jobID string, 
 		w.memo.invalidate(key)
 		return events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
 	}
+}
+
+// syncRecord reads the current record of instance key for its sync. It
+// returns nil and the sync's result (or ctx's error) when there is nothing
+// to sync: the record is unreadable (reported) or cannot be read now, the
+// instance is not present, or the record is a deposed leader's.
+func (w *Worker) syncRecord(ctx context.Context, key string) (*events.InstanceRecord, events.SyncResult, error) {
+	rec, found, err := w.bus.LastInstance(ctx, key)
+	if err != nil {
+		if isEventErr(err) {
+			w.report.Report(ctx, events.Error{Kind: events.ErrorEvent, Instance: key, Subject: w.bus.Subjects().Instance(key),
+				Message: fmt.Sprintf("stored instance record is unreadable: %v", err), Permanent: true})
+			return nil, events.SyncResult{Outcome: events.OutcomeSkipped, Error: err.Error()}, nil
+		}
+		if ctx.Err() != nil {
+			return nil, events.SyncResult{}, ctx.Err()
+		}
+		return nil, events.SyncResult{Outcome: events.OutcomeApplyFailed, Transient: true, Error: err.Error()}, nil
+	}
+	if !found || !rec.Present() {
+		w.log.Debug("sync skipped: instance not present", "instance", key)
+		return nil, events.SyncResult{Outcome: events.OutcomeSkipped}, nil
+	}
+	if old, newest := w.fence.stale(rec.Epoch); old {
+		// A deposed leader's appeared record: the new leader rewrites it.
+		w.log.Debug("sync skipped: instance record of a deposed leader", "instance", key, "epoch", rec.Epoch.String(), "newest_epoch", newest.String())
+		return nil, events.SyncResult{Outcome: events.OutcomeSkipped, Error: "instance record of a deposed leader's epoch"}, nil
+	}
+	return &rec, events.SyncResult{}, nil
 }
 
 // waitForUnmet records in the memo, before p is applied, the Services of p
@@ -279,72 +294,6 @@ func unmet(desired []*corev1.Service, p plan.Plan, applied bool) []*corev1.Servi
 // changed, so those deletes are published.
 func (w *Worker) deferredDeletesDue(ctx context.Context, key string) bool {
 	return w.memo.deferredPlan(key) && w.storedJobs(ctx, events.StreamDelete, w.bus.Subjects().Delete(key)) <= 0
-}
-
-// fpTag is a short form of a status fingerprint for delete job ids ("" for none).
-func fpTag(fp string) string {
-	_, hexsum, _ := strings.Cut(fp, ":")
-	return hexsum[:min(len(hexsum), 12)]
-}
-
-// staleSuffix is the Nats-Msg-Id suffix of the stale delete jobs planned
-// from the status of fingerprint tag: the same status gives the same ids
-// (workers planning it alike publish each job once), a later status new
-// ones (a device that came back and went again is deleted at once, not
-// after the de-duplication window).
-func staleSuffix(tag string) string {
-	if tag == "" {
-		return ""
-	}
-	return "~" + tag
-}
-
-// freshDeletes returns the Services of svcs whose stale delete job for the
-// status tagged tag was not published by this worker in the last duplicate
-// window, and forgets older entries. The entries are swept at most once
-// per eighth of the window: every entry is read with its age, so a swept
-// entry only frees memory, and a plan during a fan-out of N Services does
-// not walk all N entries each time (a 20,000-Service fan-out planned about
-// 700 times).
-func (w *Worker) freshDeletes(svcs []*corev1.Service, tag string) []*corev1.Service {
-	window := w.bus.Config().DuplicateWindow
-	out := svcs[:0:0]
-	for _, s := range svcs {
-		if at, ok := w.pendingDeletes.Load(string(s.UID) + staleSuffix(tag)); ok && time.Since(at.(time.Time)) < window {
-			continue
-		}
-		out = append(out, s)
-	}
-	now := time.Now()
-	if last := w.pendingSwept.Load(); last != 0 && now.Sub(time.Unix(0, last)) < window/8 {
-		return out
-	}
-	w.pendingSwept.Store(now.UnixNano())
-	w.pendingDeletes.Range(func(k, v any) bool {
-		if now.Sub(v.(time.Time)) >= window {
-			w.pendingDeletes.Delete(k)
-		}
-		return true
-	})
-	return out
-}
-
-// afterGone cleans up instance key again when its record changed to gone
-// since the sync read it at sequence seq: the clean-up job's list may have
-// run before this sync's creates.
-func (w *Worker) afterGone(ctx context.Context, key string, seq uint64, jobID string) {
-	rec, found, err := w.bus.LastInstance(ctx, key)
-	// No record is a lost stream, not a gone instance: nothing is deleted.
-	if err != nil || !found || rec.Present() || rec.Seq == seq {
-		return
-	}
-	w.log.Info("instance went away during its sync: cleaning up again", "instance", key)
-	if jobID == "" {
-		jobID = fmt.Sprintf("sync-%d", time.Now().UnixNano())
-	}
-	if err := w.cleanup(ctx, key, "after-"+jobID); err != nil && ctx.Err() == nil {
-		w.log.Warn("clean-up after a sync raced the instance's removal failed; the sweep repeats it", "instance", key, "error", err)
-	}
 }
 
 // fingerprinter is implemented by clients that can tell an unchanged
@@ -415,117 +364,6 @@ func (w *Worker) newBackoff(maxElapsed time.Duration) *backoff.ExponentialBackOf
 		backoff.WithInitialInterval(200*time.Millisecond),
 		backoff.WithMaxInterval(5*time.Second),
 		backoff.WithMaxElapsedTime(maxElapsed))
-}
-
-// Cleanup fans out one delete job per Service of a gone instance. If the
-// instance is present again, nothing is deleted.
-func (w *Worker) Cleanup(ctx context.Context, key string) error {
-	return w.cleanup(ctx, key, "")
-}
-
-// cleanup is Cleanup for the clean-up job with envelope id jobID: the
-// delete jobs it publishes carry ids derived from the Service UID and
-// jobID, so a redelivered clean-up job publishes nothing twice while a
-// later clean-up job of the same instance (a sweep) is not swallowed by
-// JetStream's de-duplication of the earlier one's delete jobs. The List is
-// retried with backoff like every other API call, and its outcome goes to
-// WatchHealth: a refused List (403, 401) is no reason to keep a gone
-// instance's Services, so it makes the worker not ready and the job is
-// redelivered (and swept again after its deliveries, see sweepGone) until
-// the List is allowed.
-func (w *Worker) cleanup(ctx context.Context, key, jobID string) error {
-	rec, found, err := w.bus.LastInstance(ctx, key)
-	if err != nil && !isEventErr(err) {
-		return jobs.Retry(err)
-	}
-	if found && rec.Present() {
-		w.log.Info("clean-up skipped: instance is present again", "instance", key)
-		return nil
-	}
-	w.cache.Release(ctx, key)
-	var svcs *corev1.ServiceList
-	cls := Transient
-	attempts := 0
-	refused := false // the last List was refused by RBAC or authentication
-	err = backoff.Retry(func() error {
-		attempts++
-		var err error
-		svcs, err = w.kube.CoreV1().Services(w.cfg.Plan.Namespace).List(ctx, metav1.ListOptions{
-			LabelSelector: plan.InstanceSelector(w.cfg.Plan, key).String()})
-		w.watch.Observe(ctx, kubewatch.VerbList, err)
-		refused = apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)
-		if err == nil {
-			return nil
-		}
-		var msg string
-		if cls, msg = w.cfg.Classifier.Classify(ctx, err, nil); cls != Transient {
-			return backoff.Permanent(errors.New(msg))
-		}
-		w.log.Debug("retrying Service list", "instance", key, "attempt", attempts, "error", err)
-		return err
-	}, backoff.WithContext(w.newBackoff(w.cfg.RetryMaxElapsed), ctx))
-	if err != nil {
-		if cls == Canceled || ctx.Err() != nil {
-			return context.Canceled
-		}
-		return &jobs.Error{Retry: cls == Transient || refused, Err: fmt.Errorf("list Services of %s (%d attempts): %w", key, attempts, err)}
-	}
-	var del []*corev1.Service
-	for i := range svcs.Items {
-		del = append(del, &svcs.Items[i])
-	}
-	w.log.Info("instance gone: deleting its Services", "instance", key, "services", len(del))
-	w.endHold(ctx, key, "the instance is gone; its Services are deleted")
-	suffix := ""
-	if jobID != "" {
-		suffix = "@" + jobID
-	}
-	w.forget(ctx, key)
-	return w.publishDeletes(ctx, key, del, events.DeleteGone, suffix, time.Time{})
-}
-
-// publishDeletes publishes one delete job per Service with Nats-Msg-Id
-// "del-<uid><idSuffix>", up to 16 at once. plannedAt is when the status
-// the deletes were planned from was fetched (zero for clean-ups).
-//
-// Stale deletes are remembered (see freshDeletes): a poll during a long
-// fan-out does not publish every waiting delete again.
-func (w *Worker) publishDeletes(ctx context.Context, key string, svcs []*corev1.Service, reason events.DeleteReason, idSuffix string, plannedAt time.Time) error {
-	var (
-		mu   sync.Mutex
-		errs []string
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, 16)
-	)
-	for _, s := range svcs {
-		job := events.DeleteJob{Key: key, Namespace: s.Namespace, Name: s.Name, UID: string(s.UID),
-			MatID: s.Annotations[plan.AnnotationMatID], Reason: reason, PlannedAt: plannedAt}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			if err := w.bus.Publish(ctx, w.bus.Subjects().Delete(key), events.TypeDeleteJob, "del-"+string(s.UID)+idSuffix, job); err != nil {
-				mu.Lock()
-				errs = append(errs, fmt.Sprintf("%s: %v", s.Name, err))
-				mu.Unlock()
-				return
-			}
-			if reason == events.DeleteStale {
-				w.pendingDeletes.Store(string(s.UID)+idSuffix, time.Now())
-			}
-			w.deleteJobs.Add(1)
-		}()
-	}
-	wg.Wait()
-	if len(errs) > 0 {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		sort.Strings(errs)
-		return jobs.Retry(fmt.Errorf("publish delete jobs: %s", strings.Join(errs, "; ")))
-	}
-	return nil
 }
 
 // acquireApplySlot takes one of the Jobs apply slots, waiting until one
