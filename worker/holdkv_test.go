@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/internal/testenv"
 )
 
 // TestHoldRecordConflicts: on a real JetStream bucket, of concurrent
@@ -18,7 +17,7 @@ import (
 // conflicts; an update or a delete under a stale revision is a conflict
 // too, never a silent overwrite.
 func TestHoldRecordConflicts(t *testing.T) {
-	js := testJetStream(t)
+	js := testenv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "T_STATE", History: 1, Storage: jetstream.MemoryStorage})
@@ -70,25 +69,4 @@ func TestHoldRecordConflicts(t *testing.T) {
 	if conflict(nil) || conflict(context.Canceled) {
 		t.Error("no error, or another error, is no conflict")
 	}
-}
-
-// testJetStream starts an embedded NATS server with JetStream and returns
-// a client of it; both end with the test.
-func testJetStream(t *testing.T) jetstream.JetStream {
-	t.Helper()
-	srv, err := natsserver.Start(natsserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
 }

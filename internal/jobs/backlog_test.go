@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/matbus/matbus/internal/testenv"
 )
 
 // TestPullPausesWhileBacklogged runs pull on a real JetStream consumer: while
@@ -15,7 +17,7 @@ import (
 // taken, so they stay available to other consumers; once it reports false
 // the waiting messages are delivered, none lost.
 func TestPullPausesWhileBacklogged(t *testing.T) {
-	js := testJetStream(t)
+	js := testenv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "B", Subjects: []string{"b.>"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage})

@@ -5,10 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/matbus/matbus/internal/natsserver"
+	"github.com/matbus/matbus/internal/testenv"
 )
 
 // TestSubjectGate runs the gate on real JetStream messages: one job per
@@ -16,7 +15,7 @@ import (
 // (which is acknowledged), done hands the waiting one back, and release
 // naks what still waits.
 func TestSubjectGate(t *testing.T) {
-	js := testJetStream(t)
+	js := testenv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "G", Subjects: []string{"g.>"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage})
@@ -119,25 +118,4 @@ func TestSubjectGate(t *testing.T) {
 	if got != 1 {
 		t.Errorf("%d messages redelivered after release, want 1", got)
 	}
-}
-
-// testJetStream starts an embedded NATS server with JetStream and returns
-// a client of it; both end with the test.
-func testJetStream(t *testing.T) jetstream.JetStream {
-	t.Helper()
-	srv, err := natsserver.Start(natsserver.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/matbus/matbus/internal/testenv"
+
 	"github.com/matbus/matbus/events"
 )
 
@@ -31,7 +33,7 @@ type rig struct {
 
 func newRig(t *testing.T, ackWait time.Duration, maxDeliver, slots int) *rig {
 	t.Helper()
-	js := testJetStream(t)
+	js := testenv.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "J", Subjects: []string{"j.>"}, Retention: jetstream.WorkQueuePolicy, Storage: jetstream.MemoryStorage})
