@@ -132,6 +132,10 @@ func TestRunLeavesNoGoroutine(t *testing.T) {
 		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*ClientConn).readLoop"),
 		goleak.IgnoreCurrent(),
 	}
+	// The durable consumers the worker created live on in the server.
+	for _, fn := range []string{"loopAndGatherMsgs", "processInboundAcks", "processInboundNextMsgReqs"} {
+		opts = append(opts, goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*consumer)."+fn))
+	}
 	w := e.startWorker(workerOpts{})
 	e.waitServices(wantServiceNames(f)...)
 	w.Stop()
