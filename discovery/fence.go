@@ -288,18 +288,3 @@ func termFloor(bus *events.Bus, lease string) func(ctx context.Context) (int, er
 		return floor, nil
 	}
 }
-
-type termKey struct{}
-
-// withTerm returns ctx carrying t.
-func withTerm(ctx context.Context, t *Term) context.Context {
-	return context.WithValue(ctx, termKey{}, t)
-}
-
-// TermOf returns the leader term that ctx (the context RunLeaderElected
-// gives its lead function) carries, or nil: a publisher without leader
-// election, which is never fenced.
-func TermOf(ctx context.Context) *Term {
-	t, _ := ctx.Value(termKey{}).(*Term)
-	return t
-}

@@ -280,9 +280,9 @@ func startLeading(t *testing.T, kube kubernetes.Interface, cfg LeaderConfig) (*T
 	ended := make(chan struct{}, 4)
 	done := make(chan error, 1)
 	go func() {
-		done <- RunLeaderElected(ctx, kube, cfg, nil, func(lctx context.Context) {
+		done <- RunLeaderElected(ctx, kube, cfg, nil, func(lctx context.Context, term *Term) {
 			select {
-			case terms <- TermOf(lctx):
+			case terms <- term:
 			default: // later terms are not the test's
 			}
 			<-lctx.Done()
@@ -325,7 +325,7 @@ func TestPublisherFencedByTerm(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- NewPublisher(b, src, PublisherConfig{SyncInterval: time.Hour}, nil, nil).Run(withTerm(ctx, term))
+		done <- NewPublisher(b, src, PublisherConfig{SyncInterval: time.Hour}, nil, nil).Lead(ctx, term)
 	}()
 	eventually(t, "both instances present", func() bool { return present(b, "ns.mat-0")() && present(b, "ns.mat-1")() })
 	eventually(t, "a sync job per instance", func() bool { return jobs(t, b, events.StreamSync, b.Subjects().SyncJobs()) == 2 })

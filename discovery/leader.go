@@ -44,13 +44,13 @@ type LeaderConfig struct {
 
 // RunLeaderElected runs lead whenever this process holds the Lease and
 // cancels lead's context when it loses it; it campaigns again after a loss,
-// once lead has returned. lead's context carries the term (TermOf): every
-// publish of the leader checks it, and a term that may have passed to
+// once lead has returned. lead is given the term: every publish of the
+// leader checks it (Publisher.Lead), and a term that may have passed to
 // another process (its last renew older than LeaseDuration − Margin, a
 // detected pause, the Lease read with another holder) steps down at once:
 // lead's context ends and the Lease is released. It returns when ctx ends
 // (releasing the Lease), or an error for an invalid configuration.
-func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg LeaderConfig, log *slog.Logger, lead func(ctx context.Context)) error {
+func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg LeaderConfig, log *slog.Logger, lead func(ctx context.Context, term *Term)) error {
 	if cfg.LeaseDuration == 0 {
 		cfg.LeaseDuration = 15 * time.Second
 	}
@@ -103,7 +103,7 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 					watched := make(chan struct{})
 					go func() { defer close(watched); term.watchPauses(wctx, min(cfg.RetryPeriod, cfg.Margin)/2) }()
 					defer func() { stopWatch(); <-watched }()
-					lead(withTerm(ctx, term))
+					lead(ctx, term)
 				},
 				OnStoppedLeading: func() { log.Info("not leading", "identity", cfg.Identity) },
 				OnNewLeader: func(id string) {

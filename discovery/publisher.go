@@ -74,14 +74,18 @@ func (p *Publisher) Scheduler() *Scheduler { return p.sched }
 // source running beyond this term, as `matbus discovery` does for the
 // sources API) and publishes until ctx ends; it returns nil then.
 // It returns an error only if the source cannot start. Call it while
-// leading (see RunLeaderElected): on start it republishes the current state,
-// the appeared event and a sync job of every instance. With a leader term
-// in ctx (TermOf), every reconcile and every publish first checks the term
-// and nothing is published once it fails; every event and job carries the
-// term's epoch, and instance events are stored only while their subject's
-// last sequence is the one this publisher read (a newer leader's write
-// refuses them: ADR 17).
-func (p *Publisher) Run(ctx context.Context) error {
+// leading: on start it republishes the current state, the appeared event
+// and a sync job of every instance. Run publishes unfenced, as a single
+// publisher without leader election; a leader calls Lead.
+func (p *Publisher) Run(ctx context.Context) error { return p.Lead(ctx, nil) }
+
+// Lead is Run for the holder of leader term term (the term RunLeaderElected
+// gives its lead function; nil: unfenced). Every reconcile and every
+// publish first checks the term and nothing is published once it fails;
+// every event and job carries the term's epoch, and instance events are
+// stored only while their subject's last sequence is the one this
+// publisher read (a newer leader's write refuses them: ADR 17).
+func (p *Publisher) Lead(ctx context.Context, term *Term) error {
 	changed := make(chan struct{}, 1)
 	notify := func() {
 		select {
@@ -106,12 +110,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	schedDone := make(chan struct{})
-	go func() { defer close(schedDone); p.sched.Run(ctx) }()
+	go func() { defer close(schedDone); p.sched.Run(ctx, term) }()
 	defer func() { <-schedDone }()
 	stateDone := make(chan struct{})
 	go func() { defer close(stateDone); p.stateWriter().run(ctx) }()
 	defer func() { <-stateDone }()
-	term := TermOf(ctx)
 	p.reconcile(ctx, term, "start")
 	tick := time.NewTicker(p.cfg.SyncInterval)
 	defer tick.Stop()

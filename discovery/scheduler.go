@@ -427,11 +427,10 @@ func clone(m map[string]int64) map[string]int64 {
 
 // Run publishes sync jobs as instances fall due until ctx ends. Failures
 // to publish are reported and retried at the next poll. With a leader term
-// in ctx (TermOf), each dispatch and each publish first checks it (nothing
+// (nil: unfenced), each dispatch and each publish first checks it (nothing
 // is published once it fails) and every job carries its epoch.
-func (s *Scheduler) Run(ctx context.Context) {
+func (s *Scheduler) Run(ctx context.Context, term *Term) {
 	defer s.own(ctx)()
-	term := TermOf(ctx)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {

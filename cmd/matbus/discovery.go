@@ -209,7 +209,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	}
 	pcfg := o.publisherConfig(kev)
 	if !o.leaderElect {
-		return d.lead(ctx, pcfg)
+		return d.lead(ctx, nil, pcfg)
 	}
 	return d.elect(ctx, kube, o.leaderConfig(namespace, ident, bus), pcfg)
 }
@@ -295,22 +295,22 @@ func (d *discoveryProc) serveSources(ctx context.Context, addr string, debounce 
 }
 
 // lead publishes as the leader until ctx ends.
-func (d *discoveryProc) lead(ctx context.Context, cfg discovery.PublisherConfig) error {
+func (d *discoveryProc) lead(ctx context.Context, term *discovery.Term, cfg discovery.PublisherConfig) error {
 	d.leading.Store(true)
 	defer d.leading.Store(false)
 	pub := discovery.NewPublisher(d.bus, d.src, cfg, d.rep, d.log)
 	d.sched.Store(pub.Scheduler())
 	d.cur.Store(&leadState{pub: pub, src: d.src, since: time.Now()})
 	defer d.cur.Store(nil)
-	return pub.Run(ctx)
+	return pub.Lead(ctx, term)
 }
 
 // elect campaigns for the Lease and leads during each term won, until
 // ctx ends; it returns the last term's publisher failure.
 func (d *discoveryProc) elect(ctx context.Context, kube kubernetes.Interface, lcfg discovery.LeaderConfig, cfg discovery.PublisherConfig) error {
 	var leadErr error
-	err := discovery.RunLeaderElected(ctx, kube, lcfg, d.log, func(lctx context.Context) {
-		if err := d.lead(lctx, cfg); err != nil && !errors.Is(err, context.Canceled) {
+	err := discovery.RunLeaderElected(ctx, kube, lcfg, d.log, func(lctx context.Context, term *discovery.Term) {
+		if err := d.lead(lctx, term, cfg); err != nil && !errors.Is(err, context.Canceled) {
 			leadErr = err
 			d.log.Error("publisher failed", "error", err)
 		}
