@@ -103,7 +103,7 @@ func runScheduler(t *testing.T, b *events.Bus, cfg SchedulerConfig, report *even
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	go func() { defer close(done); s.Run(ctx) }()
+	go func() { defer close(done); s.Run(ctx, nil) }()
 	t.Cleanup(func() { cancel(); <-done; _ = sub.Unsubscribe() })
 	return s
 }
@@ -337,6 +337,17 @@ func gapsOf(jobs []seenJob) []time.Duration {
 	return out
 }
 
+// medianGap is the median time between consecutive jobs (0 for fewer
+// than two).
+func medianGap(jobs []seenJob) time.Duration {
+	g := gapsOf(jobs)
+	if len(g) == 0 {
+		return 0
+	}
+	slices.Sort(g)
+	return g[len(g)/2]
+}
+
 // notModified answers polls as a MAT with ETags whose status does not
 // change: 304 and nothing to do; full syncs vouched unchanged.
 func notModified(_ int, reason string) events.SyncResult {
@@ -553,15 +564,23 @@ func TestSchedulerStretchOnTheBus(t *testing.T) {
 	if len(plain) < 2*len(etag) {
 		t.Errorf("%d jobs of the instance without ETags, %d of the stretched one; want at least twice as many", len(plain), len(etag))
 	}
-	for i, g := range gapsOf(plain) {
-		if g < 35*time.Millisecond {
-			t.Errorf("jobs %d and %d of the instance without ETags %v apart; the poll interval is 40ms", i, i+1, g)
-		}
+	// Polls keep a fixed cadence, so one job seen late (a busy machine)
+	// makes the gap to the next one short: the median gap is the
+	// interval the instance is polled at.
+	if g := medianGap(plain); g < 35*time.Millisecond {
+		t.Errorf("the jobs of the instance without ETags are a median %v apart; the poll interval is 40ms", g)
 	}
 	late := etag[len(etag)/2:]
+	var polls []time.Duration
 	for i, g := range gapsOf(late) {
-		if late[i+1].reason == events.ReasonPoll && g < 100*time.Millisecond {
-			t.Errorf("stretched polls %v apart, want about 120ms", g)
+		if late[i+1].reason == events.ReasonPoll {
+			polls = append(polls, g)
+		}
+	}
+	if len(polls) > 0 {
+		slices.Sort(polls)
+		if g := polls[len(polls)/2]; g < 100*time.Millisecond {
+			t.Errorf("stretched polls a median %v apart (%v), want about 120ms", g, polls)
 		}
 	}
 }
