@@ -44,7 +44,8 @@ type Config struct {
 	Log *slog.Logger
 	// Output receives the processes' stdout/stderr; nil means Dir/*.log files.
 	Output io.Writer
-	// ReadyTimeout bounds the wait for /readyz; default 60 s.
+	// ReadyTimeout bounds the wait for /readyz; default 120 s (a first
+	// start on a busy 2-core machine can take over a minute).
 	ReadyTimeout time.Duration
 	// EtcdPort and APIPort fix the ports; 0 picks free ones.
 	EtcdPort, APIPort int
@@ -140,7 +141,7 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 		cfg.ServiceCIDR = "10.96.0.0/12"
 	}
 	if cfg.ReadyTimeout == 0 {
-		cfg.ReadyTimeout = 60 * time.Second
+		cfg.ReadyTimeout = 120 * time.Second
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
