@@ -10,21 +10,22 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/matbus/matbus/discovery"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/operator"
 	"github.com/matbus/matbus/worker"
 )
 
 func runCheck(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("check", "Tell, before install, what will fail: NATS and JetStream, the Kubernetes API, RBAC, "+
+	fs := cliflag.NewFlagSet("check", "Tell, before install, what will fail: NATS and JetStream, the Kubernetes API, RBAC, "+
 		"the BMC and NVOS IPs of the MAT statuses against the service range for --bmc-ip-mode, whether the API server "+
-		"admits spec.externalIPs, and --stream-replicas against the NATS cluster. Takes the flags and environment of `worker` and `discovery`; prints a table and exits 1 on a problem.", e.stderr)
+		"admits spec.externalIPs, and --stream-replicas against the NATS cluster. Takes the flags and environment of `worker` and `discovery`; prints a table and exits 1 on a problem.")
 	var (
 		o       toolOpts
 		timeout time.Duration
 	)
 	o.register(fs)
-	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all checks together may take")
+	cliflag.DurationVar(fs, &timeout, "timeout", 30*time.Second, "how long all checks together may take")
 	var healthAddr string // the worker's and discovery's, so their flags and env apply unchanged
 	fs.StringVar(&healthAddr, "health-addr", "", "accepted as in worker and discovery; check serves no endpoint")
 	log, err := o.parse(fs, args, e, "check")
@@ -38,7 +39,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		NATSURL: n.url,
 		ConnectNATS: func() (*nats.Conn, error) {
 			opts := []nats.Option{nats.Name("matbus-check"), nats.Timeout(5 * time.Second), nats.NoReconnect()}
-			fileOpts, err := n.fileOptions(log)
+			fileOpts, err := n.conn().FileOptions(log)
 			if err != nil {
 				return nil, err
 			}

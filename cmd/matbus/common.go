@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,13 +10,8 @@ import (
 	"math"
 	"os"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -26,9 +19,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/kubetls"
+	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/internal/redact"
-	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kuberate"
 )
@@ -101,186 +95,14 @@ func validURL(flagName, raw string) error {
 	return nil
 }
 
-// fileOptions returns the nats.go options of --nats-creds and the
-// --nats-tls-* flags (none when unset). Each file is read here, so that an
-// unusable one is one clear error naming the flag and the file (never its
-// contents), and looked at again at every connect and reconnect
-// (internal/reload): renewed credentials, client certificates and CAs are
-// used from the next connection on, and a file that is missing or
-// half-written at that moment keeps the last good contents, with one
-// warning to log.
-func (o *natsOpts) fileOptions(log *slog.Logger) ([]nats.Option, error) {
-	var opts []nats.Option
-	if o.creds != "" {
-		creds, err := reload.Open(reload.Config[natsCreds]{Paths: []string{o.creds}, Name: "--nats-creds " + o.creds,
-			Parse: func(data ...[]byte) (natsCreds, error) { return parseNATSCreds(data[0]) }, Log: log})
-		if err != nil {
-			return nil, err
-		}
-		opts = append(opts, natsCredsOption(creds))
-	}
-	var certCB nats.TLSCertHandler
-	var rootsCB nats.RootCAsHandler
-	if o.tlsCA != "" {
-		pem, err := os.ReadFile(o.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("--nats-tls-ca: CA file is not readable: %w", err)
-		}
-		if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--nats-tls-ca %s: no PEM certificate in the file", o.tlsCA)
-		}
-		// The file's CAs alone, as nats.RootCAs.
-		roots, err := reload.NewRoots(reload.RootsConfig{Path: o.tlsCA, Name: "--nats-tls-ca " + o.tlsCA, Log: log})
-		if err != nil {
-			return nil, err
-		}
-		rootsCB = func() (*x509.CertPool, error) {
-			roots.Reload()
-			return roots.Pool(), nil
-		}
-	}
-	if o.tlsCert != "" {
-		if _, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey); err != nil {
-			return nil, fmt.Errorf("--nats-tls-cert %s and --nats-tls-key %s are not a usable certificate and key: %w", o.tlsCert, o.tlsKey, err)
-		}
-		pair, err := reload.NewKeyPair(reload.KeyPairConfig{CertFile: o.tlsCert, KeyFile: o.tlsKey,
-			Name: "--nats-tls-cert " + o.tlsCert + " and --nats-tls-key " + o.tlsKey, Log: log})
-		if err != nil {
-			return nil, err
-		}
-		certCB = func() (tls.Certificate, error) { return pair.Current(), nil }
-	}
-	if certCB != nil || rootsCB != nil {
-		// nats.go calls both at every connect, as its RootCAs and
-		// ClientCert options do with their files.
-		opts = append(opts, nats.ClientTLSConfig(certCB, rootsCB))
-	}
-	return opts, nil // a tls:// URL alone means TLS with the system's roots (nats.go)
+// conn is how o reaches NATS.
+func (o *natsOpts) conn() natsconn.Config {
+	return natsconn.Config{URL: o.url, Creds: o.creds, TLSCA: o.tlsCA, TLSCert: o.tlsCert, TLSKey: o.tlsKey}
 }
 
-// natsCreds is a NATS credentials file as it was last read whole: the
-// user JWT and the seed of the user's key.
-type natsCreds struct {
-	jwt  string
-	seed []byte
-}
-
-// parseNATSCreds takes a .creds file only when it is whole: a user JWT
-// that decodes and the seed of the user it names. Errors never quote the
-// contents.
-func parseNATSCreds(data []byte) (natsCreds, error) {
-	token, err := nkeys.ParseDecoratedJWT(data)
-	if err != nil {
-		return natsCreds{}, fmt.Errorf("no user JWT: %w", err)
-	}
-	claims, err := jwt.DecodeUserClaims(token)
-	if err != nil {
-		return natsCreds{}, errors.New("the user JWT does not decode (is the file whole?)")
-	}
-	kp, err := nkeys.ParseDecoratedNKey(data)
-	if err != nil {
-		return natsCreds{}, errors.New("no user seed that parses (is the file whole?)")
-	}
-	defer kp.Wipe()
-	pub, err := kp.PublicKey()
-	if err != nil {
-		return natsCreds{}, errors.New("the user seed gives no public key")
-	}
-	if pub != claims.Subject {
-		return natsCreds{}, fmt.Errorf("the seed is not the key of the JWT's user %s", claims.Subject)
-	}
-	seed, err := kp.Seed()
-	if err != nil {
-		return natsCreds{}, errors.New("the user seed does not parse")
-	}
-	// A copy: Wipe clears the key pair's own.
-	return natsCreds{jwt: token, seed: append([]byte(nil), seed...)}, nil
-}
-
-// natsCredsOption authenticates with the credentials as they are at each
-// connect: the JWT and the seed that signs the server's nonce come from
-// the same reading of the file.
-func natsCredsOption(f *reload.File[natsCreds]) nats.Option {
-	var cur atomic.Pointer[natsCreds]
-	return nats.UserJWT(func() (string, error) {
-		f.Reload()
-		c := f.Get()
-		cur.Store(&c)
-		return c.jwt, nil
-	}, func(nonce []byte) ([]byte, error) {
-		c := cur.Load()
-		if c == nil {
-			c0 := f.Get()
-			c = &c0
-		}
-		kp, err := nkeys.FromSeed(c.seed)
-		if err != nil {
-			return nil, fmt.Errorf("nats credentials: %w", err)
-		}
-		defer kp.Wipe()
-		return kp.Sign(nonce)
-	})
-}
-
-// connect dials NATS and keeps reconnecting forever; name identifies the
-// connection on the server. The URL may list several servers of a cluster
-// (comma separated): nats.go picks one at random and fails over to the
-// others, and learns the rest of the cluster from the server it joins.
+// connect dials NATS (natsconn.Connect) and keeps reconnecting forever.
 func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
-	fileOpts, err := o.fileOptions(log)
-	if err != nil {
-		return nil, err
-	}
-	var authLog every
-	opts := []nats.Option{
-		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(500 * time.Millisecond),
-		nats.RetryOnFailedConnect(true),
-		// Refused credentials are retried like any other failure (every
-		// ReconnectWait, each refusal logged): a server whose account is
-		// fixed is joined without a restart, and /readyz says why meanwhile.
-		nats.IgnoreAuthErrorAbort(),
-		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
-			if isAuthErr(err) && authLog.allow(time.Now()) {
-				log.Error("NATS refused the credentials; retrying (this line repeats at most every 30 s)",
-					"url", redact.StripUserInfo(o.url), "error", err)
-			}
-		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			if err != nil {
-				log.Warn("NATS disconnected", "error", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", redact.StripUserInfo(c.ConnectedUrl())) }),
-		// Asynchronous errors (e.g. an authorization violation) go to the log,
-		// not straight to stderr as nats.go's default does.
-		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
-			if sub != nil {
-				log.Warn("NATS error", "subject", sub.Subject, "error", err)
-				return
-			}
-			log.Warn("NATS error", "error", err)
-		}),
-		// A connection closed for good (Close, or a failure nats.go does not
-		// retry) is said so.
-		nats.ClosedHandler(func(c *nats.Conn) {
-			if err := c.LastError(); isAuthErr(err) {
-				log.Error("NATS refused the credentials; connection closed, not reconnecting", "url", redact.StripUserInfo(o.url), "error", err)
-			}
-		}),
-	}
-	opts = append(opts, fileOpts...)
-	opts = append(opts, nats.ConnectHandler(func(c *nats.Conn) { log.Info("NATS connected", "url", redact.StripUserInfo(c.ConnectedUrl())) }))
-	nc, err := nats.Connect(o.url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", redact.StripUserInfo(o.url), err)
-	}
-	if !nc.IsConnected() {
-		// RetryOnFailedConnect keeps trying in the background; say so once.
-		log.Warn("NATS not reachable yet; retrying until it is (not ready meanwhile)", "url", redact.StripUserInfo(o.url))
-	}
-	return nc, nil
+	return natsconn.Connect(o.conn(), name, log)
 }
 
 // bus returns the events.Bus of the pipeline in o.namespace; w (may be
@@ -597,25 +419,16 @@ func parseSelector(s string) (map[string]string, error) {
 	return out, nil
 }
 
-// isAuthErr reports whether err is NATS refusing the credentials.
-func isAuthErr(err error) bool {
-	return errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) ||
-		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
-}
-
-// every lets an event through at most once per 30 s. It is safe for
-// concurrent use.
-type every struct {
-	mu   sync.Mutex
-	last time.Time
-}
-
-func (e *every) allow(now time.Time) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.last.IsZero() && now.Sub(e.last) < 30*time.Second {
-		return false
+// parseAndValidate parses args (command line first, then environment) and
+// runs each validator; a parse failure is a usage error.
+func parseAndValidate(fs *flag.FlagSet, args []string, lookup cliflag.Lookup, validators ...func() error) error {
+	if err := cliflag.Parse(fs, args, lookup); err != nil {
+		return usageErr(err)
 	}
-	e.last = now
-	return true
+	for _, v := range validators {
+		if err := v(); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/devenv"
 )
 
@@ -48,7 +49,7 @@ func (o *devOpts) register(fs *flag.FlagSet) {
 	fs.IntVar(&o.sims, "simulators", 2, "MAT simulators to start, each with its own fleet")
 	fs.IntVar(&o.workers, "workers", 2, "workers to run in this process")
 	fs.BoolVar(&o.once, "once", false, "exit 0 once every simulated BMC has its Service (1 on --timeout), printing a JSON summary")
-	durationVar(fs, &o.timeout, "timeout", 3*time.Minute, "with --once: how long to wait for convergence")
+	cliflag.DurationVar(fs, &o.timeout, "timeout", 3*time.Minute, "with --once: how long to wait for convergence")
 	o.s.register(fs, 10*time.Second, "how often every instance gets a full resync", "how often every instance's status is polled (cheap when unchanged)")
 	fs.BoolVar(&o.tls, "tls", true, "simulators serve HTTPS with self-signed certificates (as MAT does)")
 	fs.BoolVar(&o.verbose, "v", false, "show the process logs (every component's log lines) on stderr instead of writing them to a file")
@@ -75,7 +76,7 @@ func (o *devOpts) validate() error {
 // parseDev parses and checks dev's flags.
 func parseDev(args []string, e env) (*devOpts, error) {
 	o := &devOpts{}
-	o.register(newFlagSet("dev", "Run the whole pipeline in one process: embedded NATS, simulators, local kube-apiserver, discovery, workers.", e.stderr))
+	o.register(cliflag.NewFlagSet("dev", "Run the whole pipeline in one process: embedded NATS, simulators, local kube-apiserver, discovery, workers."))
 	validPrefix := func() error {
 		if err := events.ValidatePrefix(o.n.prefix); err != nil {
 			return fmt.Errorf("%w: --subject-prefix: %v", errUsage, err)
@@ -146,7 +147,7 @@ func (o *devOpts) parts(log *slog.Logger) devenv.Parts {
 		LocalCluster: func(cfg *rest.Config, serviceCIDR string) {
 			o.k.apply(cfg)
 			if len(o.w.serviceCIDRs) == 0 {
-				o.w.serviceCIDRs = listFlag{serviceCIDR}
+				o.w.serviceCIDRs = cliflag.List{serviceCIDR}
 			}
 		},
 		TrustMAT: func(c *x509.Certificate) { o.w.trustMatCerts(c) },

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/devenv"
 	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
@@ -53,7 +54,7 @@ func TestDevOnceStopsOnPermanentProblems(t *testing.T) {
 // must look at are passed on when they differ from their defaults, the
 // subject prefix first.
 func TestDevPassedFlags(t *testing.T) {
-	fs := newFlagSet("dev", "", nil)
+	fs := cliflag.NewFlagSet("dev", "")
 	var w workerOpts
 	w.register(fs)
 	if err := fs.Parse([]string{"--managed-by", "me", "--bmc-ip-mode", "external-ip"}); err != nil {
@@ -120,7 +121,7 @@ func TestDevPublisherConfig(t *testing.T) {
 		s.PollMaxInterval != 3*time.Second || s.ProbeMaxInterval != 90*time.Second || s.Events != nil {
 		t.Errorf("dev's publisher configuration %+v", got)
 	}
-	fs := newFlagSet("discovery", "", nil)
+	fs := cliflag.NewFlagSet("discovery", "")
 	var d discoveryOpts
 	d.register(fs)
 	if err := parseAndValidate(fs, append(args, "--static", "a=http://x:1"), mapEnv(nil), d.validate); err != nil {

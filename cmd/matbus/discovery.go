@@ -17,6 +17,7 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
@@ -26,7 +27,7 @@ import (
 type discoveryOpts struct {
 	selector, scheme, hostMode string
 	clusterDomain              string
-	static                     givenList
+	static                     cliflag.GivenList
 	staticFile, staticName     string
 	schedOpts
 	leaderElect                      bool
@@ -55,16 +56,16 @@ func (o *discoveryOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.leaseNamespace, "lease-namespace", "", "namespace of the Lease (default: --namespace)")
 	fs.StringVar(&o.leaseOwner, "lease-owner-deployment", "", "Deployment (in the Lease's namespace) that owns the Lease: the Lease gets an owner reference to it, so deleting the Deployment (helm uninstall) deletes the Lease; empty: no owner (needs get on apps/v1 deployments)")
 	fs.StringVar(&o.ident, "identity", "", "leader-election identity (default: $POD_NAME or the host name)")
-	durationVar(fs, &o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease is valid without renewal")
-	durationVar(fs, &o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before giving up")
-	durationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
+	cliflag.DurationVar(fs, &o.leaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a Lease is valid without renewal")
+	cliflag.DurationVar(fs, &o.renewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader tries to renew before giving up")
+	cliflag.DurationVar(fs, &o.retryPeriod, "leader-elect-retry-period", 2*time.Second, "how often candidates retry")
 	fs.StringVar(&o.sourceListAddr, "source-list-addr", "127.0.0.1:8090", "address of the sources API (GET /v1/sources: the MAT instances this replica's source sees, for the MAT protocol gateway; every replica serves it); loopback only unless set, empty disables")
 	fs.DurationVar(&o.sourceListDebounce, "source-list-debounce", 5*time.Second, "a change of the sources API's list is served only when a discovery pass at least this long after it was first seen confirms it (0: at once)")
 	o.kubeEvents = true
 	if fs.Lookup("kube-events") == nil { // check and plan register the worker's first: one flag for both
 		fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
 	}
-	durationVar(fs, &o.staleAfter, "health-stale-after", 10*time.Minute, "the leader is not ready (/readyz 503) when no sync tick read the instances stream and published its events for this long")
+	cliflag.DurationVar(fs, &o.staleAfter, "health-stale-after", 10*time.Minute, "the leader is not ready (/readyz 503) when no sync tick read the instances stream and published its events for this long")
 }
 
 func (o *discoveryOpts) validate() error {
@@ -83,13 +84,13 @@ func (o *discoveryOpts) validate() error {
 	if o.sourceListDebounce < 0 {
 		return fmt.Errorf("%w: --source-list-debounce must not be negative", errUsage)
 	}
-	if o.static.given && o.staticFile != "" {
+	if o.static.Given && o.staticFile != "" {
 		return fmt.Errorf("%w: give --static or --static-file, not both", errUsage)
 	}
 	return nil
 }
 
-func (o *discoveryOpts) isStatic() bool { return o.static.given || o.staticFile != "" }
+func (o *discoveryOpts) isStatic() bool { return o.static.Given || o.staticFile != "" }
 
 // source builds the static or Kubernetes source.
 func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log *slog.Logger, rep *events.Reporter) (discovery.Source, error) {
@@ -102,7 +103,7 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 			}
 			entries, err = discovery.LoadStaticFile(o.staticFile)
 		} else {
-			entries, err = discovery.ParseStatic(o.static.listFlag)
+			entries, err = discovery.ParseStatic(o.static.List)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", errUsage, err)
@@ -137,7 +138,7 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 }
 
 func runDiscovery(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("discovery", "Watch for MAT instances and publish instance and sync events (leader-elected).", e.stderr)
+	fs := cliflag.NewFlagSet("discovery", "Watch for MAT instances and publish instance and sync events (leader-elected).")
 	var b baseOpts
 	var o discoveryOpts
 	var h healthOpts
@@ -354,10 +355,10 @@ type schedOpts struct {
 // syncUsage), --poll-interval (help pollUsage), --poll-max-interval and
 // --probe-max-interval.
 func (o *schedOpts) register(fs *flag.FlagSet, sync time.Duration, syncUsage, pollUsage string) {
-	durationVar(fs, &o.interval, "sync-interval", sync, syncUsage)
-	durationVar(fs, &o.poll, "poll-interval", time.Second, pollUsage)
-	givenDurationVar(fs, &o.pollMax, &o.pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
-	durationVar(fs, &o.probeMax, "probe-max-interval", 2*time.Minute, "longest wait between probes of an instance taken out of rotation after failed fetches")
+	cliflag.DurationVar(fs, &o.interval, "sync-interval", sync, syncUsage)
+	cliflag.DurationVar(fs, &o.poll, "poll-interval", time.Second, pollUsage)
+	cliflag.GivenDurationVar(fs, &o.pollMax, &o.pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
+	cliflag.DurationVar(fs, &o.probeMax, "probe-max-interval", 2*time.Minute, "longest wait between probes of an instance taken out of rotation after failed fetches")
 }
 
 // validate checks the intervals against each other and settles

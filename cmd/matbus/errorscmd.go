@@ -10,15 +10,17 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/health"
+	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/operator"
 )
 
 func runErrors(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("errors", "Print error events as they arrive (and recent ones with --since).", e.stderr)
+	fs := cliflag.NewFlagSet("errors", "Print error events as they arrive (and recent ones with --since).")
 	var n natsOpts
 	var since time.Duration
-	var kinds listFlag
+	var kinds cliflag.List
 	var asJSON, follow bool
 	var healthAddr string
 	n.register(fs)
@@ -28,7 +30,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	fs.BoolVar(&asJSON, "json", false, "print each event as its JSON envelope")
 	fs.BoolVar(&follow, "follow", true, "keep printing new events; false exits after the backlog")
 	fs.StringVar(&healthAddr, "health-addr", "", "address of /healthz and /readyz (ready while connected to NATS and reading the error stream), e.g. :8080 for a container healthcheck; empty disables")
-	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
+	if err := cliflag.Parse(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	if err := n.validate(); err != nil {
@@ -51,7 +53,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		err error
 	)
 	if healthAddr == "" {
-		nc, err = connectReachable(ctx, &n, "matbus-errors", log, reachWait)
+		nc, err = natsconn.ConnectReachable(ctx, n.conn(), "matbus-errors", log, reachWait)
 	} else {
 		nc, err = n.connect("matbus-errors", log)
 	}

@@ -2,16 +2,17 @@ package main
 
 import (
 	"flag"
-	"io"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/matbus/matbus/internal/cliflag"
 )
 
-// mapEnv is an envLookup over m: a key present with "" is set but empty.
-func mapEnv(m map[string]string) envLookup {
+// mapEnv is an cliflag.Lookup over m: a key present with "" is set but empty.
+func mapEnv(m map[string]string) cliflag.Lookup {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
@@ -27,11 +28,11 @@ func TestEnvNamesOldAliases(t *testing.T) {
 		"nats-url":                 {"MATBUS_NATS_URL"},
 		"namespace":                {"NAMESPACE"},
 	} {
-		if got := EnvNames(flag); !slices.Equal(got, want) {
-			t.Errorf("EnvNames(%q) = %v, want %v", flag, got, want)
+		if got := cliflag.EnvNames(flag); !slices.Equal(got, want) {
+			t.Errorf("cliflag.EnvNames(%q) = %v, want %v", flag, got, want)
 		}
-		if got := EnvName(flag); got != want[0] {
-			t.Errorf("EnvName(%q) = %q, want %q", flag, got, want[0])
+		if got := cliflag.EnvName(flag); got != want[0] {
+			t.Errorf("cliflag.EnvName(%q) = %q, want %q", flag, got, want[0])
 		}
 	}
 }
@@ -47,7 +48,7 @@ type aliasFlags struct {
 }
 
 func newAliasFlags() (*flag.FlagSet, *aliasFlags) {
-	fs := newFlagSet("t", "", io.Discard)
+	fs := cliflag.NewFlagSet("t", "")
 	a := &aliasFlags{}
 	a.d.register(fs)
 	fs.StringVar(&a.healthAddr, "health-addr", ":8080", "")
@@ -99,7 +100,7 @@ func TestEnvPrecedenceAndEmptyValues(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs, a := newAliasFlags()
-			if err := parseWithEnv(fs, tc.args, mapEnv(tc.env)); err != nil {
+			if err := cliflag.Parse(fs, tc.args, mapEnv(tc.env)); err != nil {
 				t.Fatal(err)
 			}
 			got := want{a.healthAddr, a.d.sourceListAddr, a.d.sourceListDebounce, a.d.staleAfter, a.annotations, a.jobs}
@@ -122,7 +123,7 @@ func TestEnvErrorNamesTheVariableRead(t *testing.T) {
 		{map[string]string{"ENABLE_STATE_ANNOTATIONS": "yes please"}, `environment variable ENABLE_STATE_ANNOTATIONS: --enable-state-annotations "yes please": want true or false`},
 	} {
 		fs, _ := newAliasFlags()
-		err := parseWithEnv(fs, nil, mapEnv(tc.env))
+		err := cliflag.Parse(fs, nil, mapEnv(tc.env))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want %q", tc.env, err, tc.want)
 		}
@@ -139,7 +140,7 @@ func TestEnvEmptyThroughOSLookupEnv(t *testing.T) {
 	os.Unsetenv("MATBUS_HEALTH_ADDR")
 	os.Unsetenv("MATBUS_SOURCE_LIST_DEBOUNCE")
 	fs, a := newAliasFlags()
-	if err := parseWithEnv(fs, nil, os.LookupEnv); err != nil {
+	if err := cliflag.Parse(fs, nil, os.LookupEnv); err != nil {
 		t.Fatal(err)
 	}
 	if a.healthAddr != "" || a.d.sourceListAddr != "" || a.d.sourceListDebounce != 5*time.Second {

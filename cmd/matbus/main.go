@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/redact"
 )
 
@@ -27,7 +28,7 @@ type subcommand struct {
 type env struct {
 	stdout, stderr io.Writer
 	// lookupEnv reads the environment (os.LookupEnv: value, and whether set).
-	lookupEnv envLookup
+	lookupEnv cliflag.Lookup
 }
 
 func subcommands() map[string]subcommand {
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, e env) int {
 		return 2
 	}
 	err := c.run(ctx, args[1:], e)
-	var help *helpError
+	var help *cliflag.HelpError
 	switch {
 	case err == nil:
 		return 0
@@ -123,8 +124,8 @@ func usage(w io.Writer, cmds map[string]subcommand) {
 }
 
 func runVersion(_ context.Context, args []string, e env) error {
-	fs := newFlagSet("version", "Print the matbus version.", e.stderr)
-	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
+	fs := cliflag.NewFlagSet("version", "Print the matbus version.")
+	if err := cliflag.Parse(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	fmt.Fprintf(e.stdout, "matbus %s (commit %s, %s)\n", version, revision(), runtime.Version())

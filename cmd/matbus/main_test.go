@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/devenv"
 	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/kubelocal"
@@ -37,29 +38,29 @@ func TestEnvNames(t *testing.T) {
 		"sync-interval": "SYNC_INTERVAL", "namespace": "NAMESPACE", "kubeconfig": "KUBECONFIG",
 		"insecure-skip-verify": "INSECURE_SKIP_VERIFY", "nats-url": "MATBUS_NATS_URL", "bmc-ip-mode": "MATBUS_BMC_IP_MODE",
 	} {
-		if got := EnvName(flag); got != want {
-			t.Errorf("EnvName(%q) = %q, want %q", flag, got, want)
+		if got := cliflag.EnvName(flag); got != want {
+			t.Errorf("cliflag.EnvName(%q) = %q, want %q", flag, got, want)
 		}
 	}
 }
 
 func TestParseWithEnv(t *testing.T) {
-	fs := newFlagSet("t", "", &bytes.Buffer{})
+	fs := cliflag.NewFlagSet("t", "")
 	var o discoveryOpts
 	var ns string
 	o.register(fs)
 	fs.StringVar(&ns, "namespace", "default", "")
 	env := map[string]string{"SYNC_INTERVAL": "5s", "NAMESPACE": "from-env", "MATBUS_STATIC": "a=https://x:1,b=https://y:1"}
-	if err := parseWithEnv(fs, []string{"--namespace", "from-flag"}, mapEnv(env)); err != nil {
+	if err := cliflag.Parse(fs, []string{"--namespace", "from-flag"}, mapEnv(env)); err != nil {
 		t.Fatal(err)
 	}
-	if o.interval != 5*time.Second || ns != "from-flag" || len(o.static.listFlag) != 2 {
+	if o.interval != 5*time.Second || ns != "from-flag" || len(o.static.List) != 2 {
 		t.Fatalf("interval=%s namespace=%s static=%v", o.interval, ns, o.static)
 	}
-	fs2 := newFlagSet("t", "", &bytes.Buffer{})
+	fs2 := cliflag.NewFlagSet("t", "")
 	var o2 discoveryOpts
 	o2.register(fs2)
-	err := parseWithEnv(fs2, nil, mapEnv(map[string]string{"SYNC_INTERVAL": "-1s"}))
+	err := cliflag.Parse(fs2, nil, mapEnv(map[string]string{"SYNC_INTERVAL": "-1s"}))
 	if err == nil || !strings.Contains(err.Error(), "SYNC_INTERVAL") {
 		t.Fatalf("negative SYNC_INTERVAL: %v", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/testenv"
 )
 
@@ -46,13 +47,13 @@ func TestMatCAFileStartupErrors(t *testing.T) {
 				args := append([]string(nil), sub...)
 				env := map[string]string{"KUBECONFIG": filepath.Join(dir, "no-kubeconfig")}
 				if tc.env {
-					env[EnvName("mat-ca-file")] = tc.path
+					env[cliflag.EnvName("mat-ca-file")] = tc.path
 				} else {
 					args = append(args, "--mat-ca-file", tc.path)
 				}
 				code, out, errOut := runArgs(t, env, args...)
 				msg := out + errOut
-				if code != 1 || !strings.Contains(msg, "--mat-ca-file "+tc.path+" ("+EnvName("mat-ca-file")+")") || !strings.Contains(msg, tc.want) {
+				if code != 1 || !strings.Contains(msg, "--mat-ca-file "+tc.path+" ("+cliflag.EnvName("mat-ca-file")+")") || !strings.Contains(msg, tc.want) {
 					t.Fatalf("exit %d (want 1), want the flag, the file and %q in:\n%s", code, tc.want, msg)
 				}
 				if strings.Contains(msg, "c2VjcmV0") || strings.Contains(msg, "PRIVATE KEY") {
@@ -132,7 +133,7 @@ func TestMatsimCertFilesAndCheckCAFile(t *testing.T) {
 // stripped) keep Go's certificate messages as they are, both names and the
 // issuer included.
 func TestCertificateErrorsSurviveRedaction(t *testing.T) {
-	fs := newFlagSet("worker", "", nil)
+	fs := cliflag.NewFlagSet("worker", "")
 	var n natsOpts
 	l := logOpts{}
 	n.register(fs)

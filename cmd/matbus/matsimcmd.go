@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/matsim"
 )
 
@@ -39,7 +40,7 @@ func (o *fleetOpts) spec() matsim.FleetSpec {
 }
 
 func runMatsim(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("matsim", "Serve a simulated MAT `GET /machines/status` from a generated fleet or a fixture file.", e.stderr)
+	fs := cliflag.NewFlagSet("matsim", "Serve a simulated MAT `GET /machines/status` from a generated fleet or a fixture file.")
 	var l logOpts
 	var f fleetOpts
 	var listen, fixture, fault, certFile, keyFile string
@@ -54,7 +55,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	fs.BoolVar(&legacy, "legacy", false, "serve the legacy schema (machines[] only)")
 	fs.BoolVar(&etag, "etag", true, "send a strong ETag per body and answer a matching If-None-Match with 304 Not Modified (false: a MAT without conditional requests, body rendered per request)")
 	fs.StringVar(&fault, "fault", "none", "fault to inject: none, 500, malformed, slow, hang")
-	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
+	if err := cliflag.Parse(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	log, err := l.logger(e.stderr)

@@ -10,6 +10,8 @@ import (
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
+	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/operator"
 )
@@ -32,15 +34,15 @@ func outputFlag(fs *flag.FlagSet, output *string) func() error {
 // something would change; 1: an error, invalid flags included (as
 // terraform plan -detailed-exitcode, so 2 never means a typo).
 func runPlan(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("plan", "Dry run: what a worker would do to the Services of the namespace (the old controller's included) — creates, updates with the fields that change, recreates, deletes and adoptions. "+
-		"Takes the flags and environment of `worker` and `discovery`, fetches each status once and writes nothing; exits 0 when nothing would change, 2 when something would, 1 on an error (invalid flags included).", e.stderr)
+	fs := cliflag.NewFlagSet("plan", "Dry run: what a worker would do to the Services of the namespace (the old controller's included) — creates, updates with the fields that change, recreates, deletes and adoptions. "+
+		"Takes the flags and environment of `worker` and `discovery`, fetches each status once and writes nothing; exits 0 when nothing would change, 2 when something would, 1 on an error (invalid flags included).")
 	var (
 		o       toolOpts
 		timeout time.Duration
 		output  string
 	)
 	o.register(fs)
-	durationVar(fs, &timeout, "timeout", time.Minute, "how long discovery, the fetches and the Service list together may take")
+	cliflag.DurationVar(fs, &timeout, "timeout", time.Minute, "how long discovery, the fetches and the Service list together may take")
 	log, err := o.parse(fs, args, e, "plan", outputFlag(fs, &output))
 	if err != nil {
 		return err
@@ -114,7 +116,7 @@ func readHolds(ctx context.Context, fs *flag.FlagSet, n *natsOpts, w *workerOpts
 	if !given {
 		return nil, errors.New("no --nats-url given, so a hold in force is not known")
 	}
-	nc, err := connectReachable(ctx, n, "matbus-plan", log, reachWait)
+	nc, err := natsconn.ConnectReachable(ctx, n.conn(), "matbus-plan", log, reachWait)
 	if err != nil {
 		return nil, err
 	}

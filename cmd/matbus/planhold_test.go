@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"strings"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/natsserver"
 )
 
@@ -26,7 +26,7 @@ func TestPlanReadsHolds(t *testing.T) {
 	defer srv.Shutdown()
 	log := slog.New(slog.DiscardHandler)
 	parse := func(args ...string) (*natsOpts, *workerOpts, func() (map[string]events.HoldRecord, error)) {
-		fs := newFlagSet("plan", "", io.Discard)
+		fs := cliflag.NewFlagSet("plan", "")
 		var n natsOpts
 		var w workerOpts
 		n.register(fs)

@@ -7,19 +7,21 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/matbus/matbus/internal/cliflag"
 )
 
 // runProbe is a healthcheck for images without curl or wget: GET --url and
 // exit 0 on a 2xx answer, 1 otherwise.
 func runProbe(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("probe", "GET a URL and exit 0 on a 2xx answer (a healthcheck for containers without curl).", e.stderr)
+	fs := cliflag.NewFlagSet("probe", "GET a URL and exit 0 on a 2xx answer (a healthcheck for containers without curl).")
 	var url string
 	var insecure bool
 	var timeout time.Duration
 	fs.StringVar(&url, "url", "http://127.0.0.1:8080/readyz", "URL to GET")
 	fs.BoolVar(&insecure, "insecure-skip-verify", false, "do not verify the server's TLS certificate")
-	durationVar(fs, &timeout, "timeout", 3*time.Second, "timeout of the request")
-	if err := parseWithEnv(fs, args, e.lookupEnv); err != nil {
+	cliflag.DurationVar(fs, &timeout, "timeout", 3*time.Second, "timeout of the request")
+	if err := cliflag.Parse(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -2,11 +2,12 @@ package main
 
 import (
 	"bytes"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/matbus/matbus/internal/cliflag"
 )
 
 // TestLoggerRedactsFlagSecrets: the subcommands' logger hides the password
@@ -18,13 +19,13 @@ func TestLoggerRedactsFlagSecrets(t *testing.T) {
 	const jwt, seed = "eyJhbGciOiJlZDI1NTE5In0.eyJzdWIiOiJVQUJDIn0.c2lnLXh5eg", "SUACSSL3UAHUDXKFSNVUZRF5UHPMWZ6BFDTJ7M6USDXIEDNPPQYYYCU3VY"
 	creds := filepath.Join(t.TempDir(), "u.creds")
 	writeFile(t, creds, "-----BEGIN NATS USER JWT-----\n"+jwt+"\n------END NATS USER JWT------\n\n-----BEGIN USER NKEY SEED-----\n"+seed+"\n------END USER NKEY SEED------\n")
-	fs := newFlagSet("t", "", io.Discard)
+	fs := cliflag.NewFlagSet("t", "")
 	var n natsOpts
 	var l logOpts
 	n.register(fs)
 	l.register(fs)
 	env := map[string]string{"MATBUS_NATS_URL": "nats://svc:" + pw + "@nats.example:4222", "MATBUS_LOG_FORMAT": "json", "MATBUS_NATS_CREDS": creds}
-	if err := parseWithEnv(fs, nil, mapEnv(env)); err != nil {
+	if err := cliflag.Parse(fs, nil, mapEnv(env)); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer

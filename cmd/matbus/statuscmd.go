@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/matbus/matbus/internal/cliflag"
+	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/operator"
 )
 
@@ -13,10 +15,10 @@ import (
 // error stream, job consumers), one LIST of Services and, with
 // --sources-url, the sources API. It never asks a worker.
 func runStatus(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("status", "One row per instance: MAT URL, in rotation or not (poll or probe interval), age of the last good sync, "+
+	fs := cliflag.NewFlagSet("status", "One row per instance: MAT URL, in rotation or not (poll or probe interval), age of the last good sync, "+
 		"its BMC and NVOS Services, last error kind and age, the worker that last synced it and whether the sources API publishes it; "+
 		"then instances, Services, the job consumers' pending and ack-pending jobs and the discovery leader. "+
-		"Reads what matbus publishes (NATS, one LIST of Services, the sources API); takes the flags and environment of `worker`.", e.stderr)
+		"Reads what matbus publishes (NATS, one LIST of Services, the sources API); takes the flags and environment of `worker`.")
 	var (
 		n          natsOpts
 		l          logOpts
@@ -33,8 +35,8 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	k.register(fs)
 	w.register(fs)
 	fs.StringVar(&sourcesURL, "sources-url", "", "base URL of a discovery replica's sources API (its --source-list-addr, e.g. http://127.0.0.1:8090) for the PUBLISHED column; empty leaves it unknown")
-	durationVar(fs, &since, "errors-since", time.Hour, "how far back the error stream is read for each instance's last error")
-	durationVar(fs, &timeout, "timeout", 30*time.Second, "how long all reads together may take")
+	cliflag.DurationVar(fs, &since, "errors-since", time.Hour, "how far back the error stream is read for each instance's last error")
+	cliflag.DurationVar(fs, &timeout, "timeout", 30*time.Second, "how long all reads together may take")
 	validOutput := outputFlag(fs, &output)
 	validSources := func() error {
 		if sourcesURL == "" {
@@ -52,7 +54,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	log = log.With("component", "status")
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	nc, err := connectReachable(ctx, &n, "matbus-status", log, reachWait)
+	nc, err := natsconn.ConnectReachable(ctx, n.conn(), "matbus-status", log, reachWait)
 	if err != nil {
 		return err
 	}

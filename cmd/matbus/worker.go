@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/events"
+	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
@@ -28,7 +29,7 @@ import (
 // workerOpts are the worker's flags; `dev` shares them.
 type workerOpts struct {
 	namespace, targetSelector, managedBy, ipMode, name string
-	serviceCIDRs                                       listFlag
+	serviceCIDRs                                       cliflag.List
 	insecure, stateAnnotations, kubeEvents             bool
 	matTimeout, retryMaxElapsed, grace, ackWait        time.Duration
 	matBodyMaxAge                                      time.Duration
@@ -63,22 +64,22 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.insecure, "insecure-skip-verify", false, "do not verify MAT's TLS certificates (for MAT instances serving self-signed ones); by default they are verified against the URL's host name, the system roots and --mat-ca-file")
 	fs.StringVar(&o.matCAFile, "mat-ca-file", "", "PEM bundle of the CA(s) that issue MAT's certificates (e.g. a cert-manager CA's ca.crt), trusted besides the system roots; re-read when it changes (a mounted Secret's update included), and at once when a MAT certificate's issuer is unknown; a missing or broken file keeps the last good bundle, with a warning")
 	fs.BoolVar(&o.stateAnnotations, "enable-state-annotations", true, "write the mat-api-state and mat-power-state annotations, as the old controller does (each power flip costs a Service write); false removes them at the next sync")
-	durationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
-	offDurationVar(fs, &o.matBodyMaxAge, "mat-body-max-age", defaultMATBodyMaxAge, matBodyMaxAgeUsage)
-	durationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
-	durationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
-	durationVar(fs, &o.instanceResync, "instance-resync", time.Minute, "how often the client cache is checked against the instances stream, and the Services of instances gone for two such periods are cleaned up again")
-	durationVar(fs, &o.ackWait, "ack-wait", 30*time.Second, "JetStream AckWait of the job consumers (progress is reported at a third of it)")
+	cliflag.DurationVar(fs, &o.matTimeout, "mat-timeout", 10*time.Second, "timeout of one MAT status request")
+	cliflag.OffDurationVar(fs, &o.matBodyMaxAge, "mat-body-max-age", defaultMATBodyMaxAge, matBodyMaxAgeUsage)
+	cliflag.DurationVar(fs, &o.retryMaxElapsed, "retry-max-elapsed", time.Minute, "how long one Kubernetes write is retried with backoff")
+	cliflag.DurationVar(fs, &o.grace, "shutdown-grace", 10*time.Second, "how long in-flight jobs may finish after SIGTERM; the rest are redelivered")
+	cliflag.DurationVar(fs, &o.instanceResync, "instance-resync", time.Minute, "how often the client cache is checked against the instances stream, and the Services of instances gone for two such periods are cleaned up again")
+	cliflag.DurationVar(fs, &o.ackWait, "ack-wait", 30*time.Second, "JetStream AckWait of the job consumers (progress is reported at a third of it)")
 	fs.IntVar(&o.jobs, "jobs", 8, "sync jobs one worker plans and applies at once (a job waiting for MAT holds no such slot)")
 	fs.IntVar(&o.fetches, "fetches", 32, "sync jobs one worker takes at once, most of them waiting for a MAT status or finding it unchanged")
 	fs.IntVar(&o.deleteJobs, "delete-jobs", 32, "delete jobs one worker runs at once")
 	fs.IntVar(&o.concurrency, "concurrency", 32, "Kubernetes writes in flight in one worker, over all its jobs")
 	fs.IntVar(&o.maxDeliver, "max-deliver", 5, "deliveries of one job before it becomes an error event")
-	durationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
+	cliflag.DurationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
 	fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
 	fs.Float64Var(&o.holdShare, "delete-hold-share", plan.DefaultHoldShare, "share of an instance's Services (0 < share <= 1) that one status must take away at once, at least 2 of them, "+
 		"for their deletes to be held for --delete-hold-window; a status that takes all of them, or comes with a new epoch_id and takes 2 or more, is held too")
-	offDurationVar(fs, &o.holdWindow, "delete-hold-window", plan.DefaultHoldWindow, holdWindowUsage)
+	cliflag.OffDurationVar(fs, &o.holdWindow, "delete-hold-window", plan.DefaultHoldWindow, holdWindowUsage)
 }
 
 const holdWindowUsage = "how long the deletes of a mass disappearance (see --delete-hold-share) wait before a status fetched after it confirms them; a device that comes back in time keeps its Service. " +
@@ -136,7 +137,7 @@ func (o *workerOpts) loadMatRoots(log *slog.Logger) error {
 	if o.matCAFile == "" {
 		return nil
 	}
-	label := "--mat-ca-file " + o.matCAFile + " (" + EnvName("mat-ca-file") + ")"
+	label := "--mat-ca-file " + o.matCAFile + " (" + cliflag.EnvName("mat-ca-file") + ")"
 	if err := checkReadable(label, o.matCAFile); err != nil {
 		return err
 	}
@@ -265,7 +266,7 @@ func serviceCIDRsFromAPI(ctx context.Context, kube kubernetes.Interface, log *sl
 }
 
 func runWorker(ctx context.Context, args []string, e env) error {
-	fs := newFlagSet("worker", "Consume instance events, sync jobs and delete jobs; keep BMC Services in step.", e.stderr)
+	fs := cliflag.NewFlagSet("worker", "Consume instance events, sync jobs and delete jobs; keep BMC Services in step.")
 	var b baseOpts
 	var o workerOpts
 	var h healthOpts

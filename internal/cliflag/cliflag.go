@@ -1,4 +1,4 @@
-package main
+package cliflag
 
 import (
 	"errors"
@@ -63,15 +63,15 @@ func EnvNames(name string) []string {
 	return []string{EnvName(name)}
 }
 
-// envLookup looks up an environment variable: its value and whether it is
+// Lookup looks up an environment variable: its value and whether it is
 // set at all (os.LookupEnv's contract).
-type envLookup func(name string) (value string, ok bool)
+type Lookup func(name string) (value string, ok bool)
 
-// envValue returns the value flag name takes from the environment and the
+// EnvValue returns the value flag name takes from the environment and the
 // variable it came from, trying EnvNames in order; ok is false when none
 // is set. An empty value counts as set only for emptyDisables flags; for
 // the others it is skipped like an unset variable.
-func envValue(name string, lookup envLookup) (value, from string, ok bool) {
+func EnvValue(name string, lookup Lookup) (value, from string, ok bool) {
 	for _, n := range EnvNames(name) {
 		v, set := lookup(n)
 		if !set || (v == "" && !emptyDisables[name]) {
@@ -82,13 +82,12 @@ func envValue(name string, lookup envLookup) (value, from string, ok bool) {
 	return "", "", false
 }
 
-// newFlagSet returns a flag set whose usage lists each flag's environment
+// NewFlagSet returns a flag set whose usage lists each flag's environment
 // variable. The flag package prints nothing itself (its output is
-// discarded): parseWithEnv turns -h/--help into a *helpError, which run
-// prints to stdout, and a parse error into one line naming the flag and
-// the bad value. Usage prints to the flag set's output; _ is unused (help
-// goes to stdout through run, errors to stderr).
-func newFlagSet(name, summary string, _ io.Writer) *flag.FlagSet {
+// discarded): Parse turns -h/--help into a *HelpError, whose Usage the
+// caller prints, and a parse error into one line naming the flag and the
+// bad value. name is the matbus subcommand, e.g. "worker".
+func NewFlagSet(name, summary string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {
@@ -127,15 +126,15 @@ func envNote(fs *flag.FlagSet) string {
 	return note + ")"
 }
 
-// helpError is -h/--help on the command line: run prints Usage to stdout
-// and exits 0. It wraps flag.ErrHelp.
-type helpError struct{ fs *flag.FlagSet }
+// HelpError is -h/--help on the command line: the caller prints Usage
+// (matbus: to stdout, exit 0). It wraps flag.ErrHelp.
+type HelpError struct{ fs *flag.FlagSet }
 
-func (h *helpError) Error() string { return flag.ErrHelp.Error() }
-func (h *helpError) Unwrap() error { return flag.ErrHelp }
+func (h *HelpError) Error() string { return flag.ErrHelp.Error() }
+func (h *HelpError) Unwrap() error { return flag.ErrHelp }
 
 // Usage writes the flag set's usage to w.
-func (h *helpError) Usage(w io.Writer) {
+func (h *HelpError) Usage(w io.Writer) {
 	h.fs.SetOutput(w)
 	defer h.fs.SetOutput(io.Discard)
 	h.fs.Usage()
@@ -198,15 +197,15 @@ func flagError(fs *flag.FlagSet, err error) error {
 	}
 }
 
-// parseWithEnv parses args; every flag not given on the command line takes
-// its value from the environment (envValue: EnvName, then the old
+// Parse parses args; every flag not given on the command line takes
+// its value from the environment (EnvValue: EnvName, then the old
 // controller's alias; an empty value is unset except for emptyDisables
 // flags). It returns an error naming the variable when a value does not
-// parse, a *helpError for -h/--help, and a one-line usage error otherwise.
-func parseWithEnv(fs *flag.FlagSet, args []string, lookup envLookup) error {
+// parse, a *HelpError for -h/--help, and a one-line usage error otherwise.
+func Parse(fs *flag.FlagSet, args []string, lookup Lookup) error {
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return &helpError{fs: fs}
+			return &HelpError{fs: fs}
 		}
 		return flagError(fs, err)
 	}
@@ -220,7 +219,7 @@ func parseWithEnv(fs *flag.FlagSet, args []string, lookup envLookup) error {
 		if err != nil || set[f.Name] {
 			return
 		}
-		v, from, ok := envValue(f.Name, lookup)
+		v, from, ok := EnvValue(f.Name, lookup)
 		if !ok {
 			return
 		}
@@ -232,21 +231,21 @@ func parseWithEnv(fs *flag.FlagSet, args []string, lookup envLookup) error {
 	return err
 }
 
-// listFlag is a repeatable string flag that also splits on commas.
-type listFlag []string
+// List is a repeatable string flag that also splits on commas.
+type List []string
 
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *List) String() string { return strings.Join(*l, ",") }
 
-// givenList is a listFlag that remembers whether it was set at all (even to
+// GivenList is a List that remembers whether it was set at all (even to
 // an empty list).
-type givenList struct {
-	listFlag
-	given bool
+type GivenList struct {
+	List
+	Given bool
 }
 
-func (g *givenList) Set(v string) error { g.given = true; return g.listFlag.Set(v) }
+func (g *GivenList) Set(v string) error { g.Given = true; return g.List.Set(v) }
 
-func (l *listFlag) Set(v string) error {
+func (l *List) Set(v string) error {
 	for _, s := range strings.Split(v, ",") {
 		if s = strings.TrimSpace(s); s != "" {
 			*l = append(*l, s)
@@ -283,14 +282,16 @@ func (p positiveDuration) Set(v string) error {
 	return nil
 }
 
-func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+// DurationVar defines a duration flag that refuses values <= 0, with the
+// wanted form in its parse error.
+func DurationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
 	fs.Var(positiveDuration{d: p}, name, usage)
 }
 
-// offDurationVar is durationVar for a flag where 0 means "off": it
+// OffDurationVar is DurationVar for a flag where 0 means "off": it
 // refuses only negative values.
-func offDurationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+func OffDurationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
 	fs.Var(positiveDuration{d: p, zeroOK: true}, name, usage)
 }
@@ -310,23 +311,9 @@ func (g givenDuration) Set(v string) error {
 	return nil
 }
 
-// givenDurationVar is durationVar for a flag whose default depends on
+// GivenDurationVar is DurationVar for a flag whose default depends on
 // whether it was set (see givenDuration).
-func givenDurationVar(fs *flag.FlagSet, p *time.Duration, given *bool, name string, def time.Duration, usage string) {
+func GivenDurationVar(fs *flag.FlagSet, p *time.Duration, given *bool, name string, def time.Duration, usage string) {
 	*p = def
 	fs.Var(givenDuration{positiveDuration{d: p}, given}, name, usage)
-}
-
-// parseAndValidate parses args (command line first, then environment) and
-// runs each validator; a parse failure is a usage error.
-func parseAndValidate(fs *flag.FlagSet, args []string, lookup envLookup, validators ...func() error) error {
-	if err := parseWithEnv(fs, args, lookup); err != nil {
-		return usageErr(err)
-	}
-	for _, v := range validators {
-		if err := v(); err != nil {
-			return err
-		}
-	}
-	return nil
 }
