@@ -40,7 +40,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	rep := events.NewReporter(bus, log, "t", 0)
 	ready := func() error { return nil }
 
-	wreg := health.NewRegistry(version, revision())
+	wreg := health.NewRegistry(version, health.Revision(commit))
 	health.CountKubeRequests(&rest.Config{}, wreg)
 	m, err := worker.NewMetrics(wreg)
 	if err != nil {
@@ -52,13 +52,13 @@ func exportedNames(t *testing.T) map[string]bool {
 	}
 	health.WorkerMetrics(wreg, w)
 	health.EventMetrics(wreg, bus, rep)
-	wreg.MustRegister(newConsumerCollector(bus))
+	wreg.MustRegister(health.NewConsumerCollector(bus))
 	health.ReadyMetric(wreg, "worker", ready)
 
 	var leading atomic.Bool
 	var sched atomic.Pointer[discovery.Scheduler]
-	var cur atomic.Pointer[leadState]
-	dreg := discoveryRegistry(bus, rep, &leading, &sched, &cur, nil)
+	var cur atomic.Pointer[health.Lead]
+	dreg := health.DiscoveryRegistry(version, health.Revision(commit), bus, rep, &leading, &sched, &cur, nil)
 	health.ReadyMetric(dreg, "discovery", ready)
 
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)

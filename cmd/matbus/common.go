@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,17 +9,17 @@ import (
 	"math"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
-	"github.com/matbus/matbus/internal/kubetls"
+	"github.com/matbus/matbus/internal/kubeconn"
 	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/internal/redact"
 	"github.com/matbus/matbus/kubeevents"
@@ -245,8 +244,8 @@ type kubeOpts struct {
 
 // The values of --kube-rate.
 const (
-	kubeRateAdaptive = "adaptive"
-	kubeRateFixed    = "fixed"
+	kubeRateAdaptive = kubeconn.RateAdaptive
+	kubeRateFixed    = kubeconn.RateFixed
 )
 
 func (o *kubeOpts) register(fs *flag.FlagSet) {
@@ -282,65 +281,24 @@ func (o *kubeOpts) validate() error {
 	return nil
 }
 
-// restConfig returns the client configuration from --kubeconfig or the
-// in-cluster environment. The CA file and client certificate files it
-// names are kept current until ctx ends (kubetls: a rotated CA or
-// certificate is used from the next connection on, a bad file keeps the
-// last good one with a warning to log); a token file is client-go's to
-// re-read (at most a minute after it changes).
-func (o *kubeOpts) restConfig(ctx context.Context, log *slog.Logger) (*rest.Config, error) {
-	var cfg *rest.Config
-	var err error
-	if o.kubeconfig != "" {
-		if err := checkReadable("kubeconfig "+o.kubeconfig+" (--kubeconfig, KUBECONFIG)", o.kubeconfig); err != nil {
-			return nil, err
-		}
-		cfg, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("kubeconfig %s (--kubeconfig, KUBECONFIG) is not usable: %w", o.kubeconfig, err)
-		}
-	} else {
-		cfg, err = rest.InClusterConfig()
-		if errors.Is(err, rest.ErrNotInCluster) {
-			return nil, fmt.Errorf("no Kubernetes configuration: set --kubeconfig (or KUBECONFIG), or run in a cluster")
-		}
-	}
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes config: %w", err)
-	}
-	if _, err := kubetls.Apply(ctx, cfg, log); err != nil {
-		return nil, fmt.Errorf("kubernetes config: %w", err)
-	}
-	o.apply(cfg)
-	return cfg, nil
+// conn is the cluster and client settings of o.
+func (o *kubeOpts) conn() kubeconn.Config {
+	return kubeconn.Config{Kubeconfig: o.kubeconfig, Rate: o.rate, QPS: o.qps, Burst: o.burst, QPSMax: o.qpsMax,
+		MaxInFlight: o.maxInFlight, Compression: o.compression, UserAgent: "matbus/" + version}
 }
 
-// apply sets cfg's client-side limit, user agent, content types and
-// compression. With --kube-rate=adaptive (or an empty rate, as in tests)
-// every client made from cfg, and from copies of it, shares one
-// kuberate.Limiter, kept in o.limiter for its metrics.
-func (o *kubeOpts) apply(cfg *rest.Config) {
-	cfg.QPS, cfg.Burst = float32(o.qps), o.burst
-	o.limiter = nil
-	if o.rate != kubeRateFixed && o.qpsMax > 0 {
-		l, err := kuberate.New(kuberate.Config{MaxQPS: o.qpsMax, InitialQPS: o.qps, Burst: o.burst, MaxInFlight: o.maxInFlight})
-		if err == nil { // validate rejected what New would
-			l.Apply(cfg)
-			o.limiter = l
-		}
-	}
-	cfg.UserAgent = "matbus/" + version
-	// client-go prints API warnings to stderr by default, which breaks JSON logs.
-	cfg.WarningHandler = rest.NoWarnings{}
-	// Protobuf for built-in types (Services, Leases, Deployments) costs the
-	// API server and matbus far less CPU than JSON, as for Kubernetes' own
-	// controllers; JSON stays accepted.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	// Without this, Go's transport asks for gzip and the API server
-	// compresses every watch event per flush (perFlushGzipWriter).
-	cfg.DisableCompression = !o.compression
+// restConfig is kubeconn.RESTConfig of o; it keeps the adaptive limiter
+// in o.limiter for its metrics.
+func (o *kubeOpts) restConfig(ctx context.Context, log *slog.Logger) (*rest.Config, error) {
+	cfg, l, err := kubeconn.RESTConfig(ctx, o.conn(), log)
+	o.limiter = l
+	return cfg, err
 }
+
+// apply is kubeconn.Apply of o; it keeps the adaptive limiter in o.limiter.
+func (o *kubeOpts) apply(cfg *rest.Config) { o.limiter = kubeconn.Apply(cfg, o.conn()) }
+
+func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) { return kubeconn.Client(cfg) }
 
 // registerMetrics registers the adaptive limiter's metrics
 // (matbus_kube_rate_*, matbus_kube_inflight*, matbus_kube_apf_responses_total;
@@ -362,14 +320,6 @@ func startKubeEvents(ctx context.Context, on bool, kube kubernetes.Interface, co
 		return nil, nil
 	}
 	return kubeevents.Start(ctx, kube, kubeevents.Config{Controller: controller, Log: log})
-}
-
-func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) {
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	return kc, nil
 }
 
 // healthOpts are worker's and discovery's flags of the listener of
@@ -432,3 +382,9 @@ func parseAndValidate(fs *flag.FlagSet, args []string, lookup cliflag.Lookup, va
 	}
 	return nil
 }
+
+// reachWait is how long the one-shot commands (status, errors, plan) wait
+// for NATS or the Kubernetes API server before they give up and say why:
+// long enough for a server that is starting, short enough that a wrong
+// address is reported while the user still looks.
+const reachWait = 5 * time.Second

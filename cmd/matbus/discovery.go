@@ -19,6 +19,7 @@ import (
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/health"
+	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
 )
@@ -98,7 +99,7 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 		var entries []discovery.StaticEntry
 		var err error
 		if o.staticFile != "" {
-			if err := checkReadable("--static-file "+o.staticFile, o.staticFile); err != nil {
+			if err := reload.CheckReadable("--static-file "+o.staticFile, o.staticFile); err != nil {
 				return nil, err
 			}
 			entries, err = discovery.LoadStaticFile(o.staticFile)
@@ -253,7 +254,7 @@ type discoveryProc struct {
 	src     *discovery.SharedSource
 	leading atomic.Bool
 	sched   atomic.Pointer[discovery.Scheduler]
-	cur     atomic.Pointer[leadState]
+	cur     atomic.Pointer[health.Lead]
 }
 
 // serveHealth registers the process's metrics and serves them with
@@ -263,13 +264,13 @@ func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kub
 	if ks, ok := src.(*discovery.KubeSource); ok {
 		watch = ks.WatchHealth()
 	}
-	reg := discoveryRegistry(d.bus, d.rep, &d.leading, &d.sched, &d.cur, watch)
+	reg := health.DiscoveryRegistry(version, health.Revision(commit), d.bus, d.rep, &d.leading, &d.sched, &d.cur, watch)
 	k.registerMetrics(reg)
 	var probe *health.APIProbe
 	if kube != nil {
 		probe = health.StartAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, nil, d.log)
 	}
-	ready := discoveryReadiness(nc, probe, watch, &d.cur, o.staleAfter)
+	ready := health.DiscoveryReadiness(nc, probe, watch, &d.cur, o.staleAfter)
 	health.ReadyMetric(reg, "discovery", ready.Err)
 	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, d.log); err != nil {
 		return err
@@ -301,7 +302,7 @@ func (d *discoveryProc) lead(ctx context.Context, term *discovery.Term, cfg disc
 	defer d.leading.Store(false)
 	pub := discovery.NewPublisher(d.bus, d.src, cfg, d.rep, d.log)
 	d.sched.Store(pub.Scheduler())
-	d.cur.Store(&leadState{pub: pub, src: d.src, since: time.Now()})
+	d.cur.Store(&health.Lead{Publisher: pub, Source: d.src, Since: time.Now()})
 	defer d.cur.Store(nil)
 	return pub.Lead(ctx, term)
 }
@@ -405,49 +406,4 @@ func pollMaxInterval(poll, v time.Duration, given bool, sync time.Duration) (tim
 		return 0, fmt.Errorf("%w: --poll-max-interval %v must be at least --poll-interval (%v) and at most --sync-interval (%v); equal to --poll-interval turns the stretch off", errUsage, v, poll, sync)
 	}
 	return v, nil
-}
-
-// leadState is what a leading discovery process runs; nil while following.
-type leadState struct {
-	pub   *discovery.Publisher
-	src   discovery.Source
-	since time.Time // when this process took the lead
-}
-
-// discoveryReadiness: connected to NATS; the Kubernetes API answers (when
-// discovery uses it: probe is nil for a static source without election);
-// the source's informer lists and watches (watch, nil for a static
-// source: on every replica, since each serves the sources API from it);
-// and, while leading, the source has synced and a sync tick succeeded
-// within staleAfter (counted from taking the lead). A follower that can
-// reach NATS and the API is ready: it is what takes over.
-func discoveryReadiness(nc *nats.Conn, probe *health.APIProbe, watch *kubewatch.Tracker, cur *atomic.Pointer[leadState], staleAfter time.Duration) health.Readiness {
-	r := health.Readiness{health.NATS(nc)}
-	if probe != nil {
-		r = append(r, probe.Check())
-	}
-	if watch != nil {
-		r = append(r, health.Informer(watch))
-	}
-	r = append(r, health.Check{Name: "discovery", Check: func() error {
-		if st := cur.Load(); st != nil {
-			if _, ok := st.src.Instances(); !ok {
-				return fmt.Errorf("source %s has not synced (informer not synced)", st.src.Scope())
-			}
-		}
-		return nil
-	}}, health.Freshness("sync tick", staleAfter,
-		func() time.Time {
-			if st := cur.Load(); st != nil {
-				return st.pub.LastSuccess()
-			}
-			return time.Time{}
-		},
-		func() time.Time {
-			if st := cur.Load(); st != nil {
-				return st.since
-			}
-			return time.Time{}
-		}))
-	return r
 }

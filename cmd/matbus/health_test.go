@@ -97,9 +97,9 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 	defer nc.Close()
 	apiDown, kube := fakeAPI(t)
 	probe := health.StartAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, nil, log)
-	var cur atomic.Pointer[leadState]
+	var cur atomic.Pointer[health.Lead]
 	const staleAfter = 1500 * time.Millisecond
-	r := discoveryReadiness(nc, probe, nil, &cur, staleAfter)
+	r := health.DiscoveryReadiness(nc, probe, nil, &cur, staleAfter)
 
 	// A follower on a healthy NATS and API is ready; /readyz says so.
 	waitReason(t, r, "")
@@ -147,7 +147,7 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur.Store(&leadState{pub: discovery.NewPublisher(bus, unsynced, discovery.PublisherConfig{}, nil, log), src: unsynced, since: time.Now()})
+	cur.Store(&health.Lead{Publisher: discovery.NewPublisher(bus, unsynced, discovery.PublisherConfig{}, nil, log), Source: unsynced, Since: time.Now()})
 	uctx, ucancel := context.WithCancel(ctx)
 	defer ucancel()
 	if err := unsynced.Run(uctx, func() {}); err != nil {
@@ -162,7 +162,7 @@ func TestDiscoveryReadinessCauses(t *testing.T) {
 		t.Fatal(err)
 	}
 	pub := discovery.NewPublisher(bus, static, discovery.PublisherConfig{SyncInterval: 200 * time.Millisecond}, nil, log)
-	cur.Store(&leadState{pub: pub, src: static, since: time.Now().Add(-2 * staleAfter)})
+	cur.Store(&health.Lead{Publisher: pub, Source: static, Since: time.Now().Add(-2 * staleAfter)})
 	waitReason(t, r, "discovery: no sync tick succeeded for")
 	pctx, pcancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -205,9 +205,9 @@ func TestWorkerReadinessCauses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg := health.NewRegistry(version, revision())
+	reg := health.NewRegistry(version, health.Revision(commit))
 	health.WorkerMetrics(reg, w)
-	r := workerReadiness(nc, health.StartAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, nil, log), w)
+	r := health.WorkerReadiness(nc, health.StartAPIProbe(ctx, kube, 20*time.Millisecond, time.Second, nil, log), w)
 	addr := freeAddr(t)
 	if err := health.Serve(ctx, addr, r.Err, reg, true, log); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/matbus/matbus/internal/cliflag"
+	"github.com/matbus/matbus/internal/health"
 	"github.com/matbus/matbus/internal/redact"
 )
 
@@ -128,7 +129,7 @@ func runVersion(_ context.Context, args []string, e env) error {
 	if err := cliflag.Parse(fs, args, e.lookupEnv); err != nil {
 		return usageErr(err)
 	}
-	fmt.Fprintf(e.stdout, "matbus %s (commit %s, %s)\n", version, revision(), runtime.Version())
+	fmt.Fprintf(e.stdout, "matbus %s (commit %s, %s)\n", version, health.Revision(commit), runtime.Version())
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/matbus/matbus/internal/cliflag"
+	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/matsim"
 )
 
@@ -71,7 +72,7 @@ func runMatsim(ctx context.Context, args []string, e env) error {
 	}
 	if certFile != "" {
 		for _, f := range []struct{ label, path string }{{"--tls-cert-file " + certFile, certFile}, {"--tls-key-file " + keyFile, keyFile}} {
-			if err := checkReadable(f.label, f.path); err != nil {
+			if err := reload.CheckReadable(f.label, f.path); err != nil {
 				return err
 			}
 		}

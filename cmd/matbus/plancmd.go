@@ -11,6 +11,7 @@ import (
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
+	"github.com/matbus/matbus/internal/kubeconn"
 	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/operator"
@@ -59,7 +60,7 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	if err := kubeReachable(ctx, kube, cfg.Host, reachWait); err != nil {
+	if err := kubeconn.Reachable(ctx, kube, cfg.Host, reachWait); err != nil {
 		return err
 	}
 	var src discovery.Source

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/matbus/matbus/internal/cliflag"
+	"github.com/matbus/matbus/internal/kubeconn"
 	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/operator"
 )
@@ -68,7 +69,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 		cfg.KubeErr = err
 	} else if cfg.Kube, err = kubeClient(rc); err != nil {
 		cfg.KubeErr = err
-	} else if err := kubeReachable(ctx, cfg.Kube, rc.Host, reachWait); err != nil {
+	} else if err := kubeconn.Reachable(ctx, cfg.Kube, rc.Host, reachWait); err != nil {
 		cfg.Kube, cfg.KubeErr = nil, err
 	}
 	st, err := operator.ReadStatus(ctx, cfg)

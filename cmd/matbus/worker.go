@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -11,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -138,7 +136,7 @@ func (o *workerOpts) loadMatRoots(log *slog.Logger) error {
 		return nil
 	}
 	label := "--mat-ca-file " + o.matCAFile + " (" + cliflag.EnvName("mat-ca-file") + ")"
-	if err := checkReadable(label, o.matCAFile); err != nil {
+	if err := reload.CheckReadable(label, o.matCAFile); err != nil {
 		return err
 	}
 	o.matTrust = make(chan struct{}, 1)
@@ -286,7 +284,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	cfg.UserAgent = kubeUserAgent("worker", o.workerName())
-	reg := health.NewRegistry(version, revision())
+	reg := health.NewRegistry(version, health.Revision(commit))
 	k.registerMetrics(reg)
 	// The readiness probe's GET /version gets its own client, left out of
 	// matbus_kube_requests_total, which counts the work's requests only.
@@ -319,26 +317,13 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	}
 	health.WorkerMetrics(reg, w)
 	health.EventMetrics(reg, bus, rep)
-	reg.MustRegister(newConsumerCollector(bus))
+	reg.MustRegister(health.NewConsumerCollector(bus))
 	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
-	ready := workerReadiness(nc, health.StartAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
+	ready := health.WorkerReadiness(nc, health.StartAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
 	health.ReadyMetric(reg, "worker", ready.Err)
 	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, log); err != nil {
 		return err
 	}
 	go health.WarnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
 	return w.Run(ctx)
-}
-
-// workerReadiness: connected to NATS, the Kubernetes API answers, the
-// Service informer lists and watches (and the clean-up's lists succeed),
-// and the worker runs (its Service informer has synced and its consumers
-// run).
-func workerReadiness(nc *nats.Conn, probe *health.APIProbe, w *worker.Worker) health.Readiness {
-	return health.Readiness{health.NATS(nc), probe.Check(), health.Informer(w.WatchHealth()), health.Check{Name: "worker", Check: func() error {
-		if !w.Ready() {
-			return errors.New("the Service informer has not synced, or the job consumers are not running")
-		}
-		return nil
-	}}}
 }

@@ -1,4 +1,4 @@
-package main
+package reload
 
 import (
 	"errors"
@@ -8,14 +8,14 @@ import (
 	"syscall"
 )
 
-// checkReadable returns nil when path can be opened for reading, else a file
+// CheckReadable returns nil when path can be opened for reading, else a file
 // error (exit 1, not a usage error) that starts with label, e.g.
 // "kubeconfig /x (--kubeconfig, KUBECONFIG)". For a permission problem the
 // message names this process's uid and the file's owner and mode, and the
 // usual cause: a file bind-mounted into a container from a checkout made
 // under umask 077 (docker-compose.yaml mounts deploy/compose/ into
 // containers that run as uid 65532).
-func checkReadable(label, path string) error {
+func CheckReadable(label, path string) error {
 	f, err := os.Open(path)
 	if err == nil {
 		f.Close()
