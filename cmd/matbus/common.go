@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"os"
 	"strings"
 	"time"
@@ -227,76 +226,36 @@ func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
 	return log, nil
 }
 
-// kubeOpts select the cluster, the client-side rate limit and whether
-// responses are compressed.
+// kubeOpts are the --kube* flags (kubeconn.Config) and the adaptive
+// limiter the last configuration was given (nil with --kube-rate=fixed or
+// before restConfig or apply).
 type kubeOpts struct {
-	kubeconfig  string
-	rate        string // kubeRateAdaptive or kubeRateFixed
-	qps         float64
-	burst       int
-	qpsMax      float64
-	maxInFlight int
-	compression bool
-	// limiter is the adaptive limiter apply put into the last
-	// configuration (nil with --kube-rate=fixed or before apply).
+	kubeconn.Config
 	limiter *kuberate.Limiter
 }
 
-// The values of --kube-rate.
-const (
-	kubeRateAdaptive = kubeconn.RateAdaptive
-	kubeRateFixed    = kubeconn.RateFixed
-)
-
 func (o *kubeOpts) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration. The CA and client certificate files it names (and the in-cluster ca.crt) are re-read when they change and used from the next connection on; a token file is re-read by client-go; the kubeconfig itself is read once")
-	fs.StringVar(&o.rate, "kube-rate", kubeRateAdaptive, "client-side limit of Kubernetes API requests, per process: "+
-		"adaptive (a rate from --kube-qps up to --kube-qps-max and a limit of requests in flight up to --kube-max-inflight, "+
-		"raised while the API server answers fast, cut on 429, Retry-After, 502/503/504 and rising write latency; see docs/adr/0022-adaptive-kube-rate.md) "+
-		"or fixed (client-go's token bucket of --kube-qps and --kube-burst, nothing else)")
-	fs.Float64Var(&o.qps, "kube-qps", 200, "Kubernetes API requests per second, per process: the rate with --kube-rate=fixed, the starting rate with adaptive "+
-		"(client-go's default of 5 is far too low for thousands of Services)")
-	fs.IntVar(&o.burst, "kube-burst", 400, "Kubernetes API requests sent at once above the rate after a quiet spell (the token bucket's depth), both modes")
-	fs.Float64Var(&o.qpsMax, "kube-qps-max", 1000, "hard ceiling of the adaptive rate, Kubernetes API requests per second, per process (--kube-rate=adaptive; "+
-		"on a small shared cluster use 15 with --kube-burst 30, see docs/performance.md)")
-	fs.IntVar(&o.maxInFlight, "kube-max-inflight", 64, "hard ceiling of Kubernetes API requests in flight at once, per process (--kube-rate=adaptive; watches not counted)")
-	fs.BoolVar(&o.compression, "kube-compression", false, "ask the API server to gzip its responses, watch events included; "+
-		"off by default, as for kube-controller-manager and kube-scheduler: on a cluster network gzip costs the API server and matbus CPU "+
-		"(about 3 % of the API server's CPU during a delete fan-out here) and saves nothing that matters; turn it on across a slow link")
+	o.AddFlags(fs)
+	o.UserAgent = "matbus/" + version
 }
 
 func (o *kubeOpts) validate() error {
-	if !(o.qps > 0) || math.IsInf(o.qps, 0) || o.burst <= 0 {
-		return fmt.Errorf("%w: --kube-qps and --kube-burst must be positive numbers", errUsage)
-	}
-	switch o.rate {
-	case kubeRateFixed:
-	case kubeRateAdaptive:
-		if !(o.qpsMax > 0) || math.IsInf(o.qpsMax, 0) || o.maxInFlight <= 0 {
-			return fmt.Errorf("%w: --kube-qps-max and --kube-max-inflight must be positive numbers", errUsage)
-		}
-	default:
-		return fmt.Errorf("%w: --kube-rate %q: want adaptive or fixed", errUsage, o.rate)
+	if err := o.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return nil
-}
-
-// conn is the cluster and client settings of o.
-func (o *kubeOpts) conn() kubeconn.Config {
-	return kubeconn.Config{Kubeconfig: o.kubeconfig, Rate: o.rate, QPS: o.qps, Burst: o.burst, QPSMax: o.qpsMax,
-		MaxInFlight: o.maxInFlight, Compression: o.compression, UserAgent: "matbus/" + version}
 }
 
 // restConfig is kubeconn.RESTConfig of o; it keeps the adaptive limiter
 // in o.limiter for its metrics.
 func (o *kubeOpts) restConfig(ctx context.Context, log *slog.Logger) (*rest.Config, error) {
-	cfg, l, err := kubeconn.RESTConfig(ctx, o.conn(), log)
+	cfg, l, err := kubeconn.RESTConfig(ctx, o.Config, log)
 	o.limiter = l
 	return cfg, err
 }
 
 // apply is kubeconn.Apply of o; it keeps the adaptive limiter in o.limiter.
-func (o *kubeOpts) apply(cfg *rest.Config) { o.limiter = kubeconn.Apply(cfg, o.conn()) }
+func (o *kubeOpts) apply(cfg *rest.Config) { o.limiter = kubeconn.Apply(cfg, o.Config) }
 
 func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) { return kubeconn.Client(cfg) }
 

@@ -130,7 +130,7 @@ func runDev(ctx context.Context, args []string, e env) error {
 // config is the run of the flags, on fleets.
 func (o *devOpts) config(fleets []devenv.Fleet, e env, log *slog.Logger) devenv.Config {
 	return devenv.Config{Fleets: fleets, TLS: o.tls, NATSHost: o.natsHost, NATSPort: o.natsPort, Prefix: o.n.prefix,
-		Namespace: o.w.namespace, ManagedBy: o.w.managedBy, Kubeconfig: o.k.kubeconfig, StateDir: o.stateDir,
+		Namespace: o.w.namespace, ManagedBy: o.w.managedBy, Kubeconfig: o.k.Kubeconfig, StateDir: o.stateDir,
 		SourceListAddr: o.sourceListAddr,
 		// A static source: no MAT Service to record Kubernetes Events on,
 		// as for `matbus discovery --static`.
@@ -150,7 +150,7 @@ func (o *devOpts) parts(log *slog.Logger) devenv.Parts {
 				o.w.serviceCIDRs = cliflag.List{serviceCIDR}
 			}
 		},
-		TrustMAT: func(c *x509.Certificate) { o.w.trustMatCerts(c) },
+		TrustMAT: func(c *x509.Certificate) { o.w.matTrust.Add(c) },
 		Connect: func(url, name string) (*nats.Conn, error) {
 			o.n.url = url
 			return o.n.connect(name, log)

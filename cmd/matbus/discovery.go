@@ -228,7 +228,7 @@ func (o *discoveryOpts) kubeClient(ctx context.Context, k *kubeOpts, log *slog.L
 			// A kubeconfig that was given but cannot be read is a file
 			// error (exit 1), not a usage error: only a missing
 			// configuration is the flags' fault.
-			if k.kubeconfig != "" {
+			if k.Kubeconfig != "" {
 				return nil, fmt.Errorf("%v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", err)
 			}
 			return nil, fmt.Errorf("%w: %v (leader election needs the Kubernetes API; pass --leader-elect=false to run a single publisher without it)", errUsage, err)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -17,7 +16,6 @@ import (
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/health"
-	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
@@ -41,13 +39,9 @@ type workerOpts struct {
 	// matCAFile is --mat-ca-file: a PEM bundle of CAs MAT certificates are
 	// verified against, besides the system roots.
 	matCAFile string
-	// matRoots is what MAT certificates are verified against: the system
-	// roots, matCAFile as loadMatRoots read it (and re-reads it when it
-	// changes) and what trustMatCerts added; nil means the system roots.
-	matRoots *reload.Roots
-	// matTrust receives a signal (without waiting) whenever matRoots
-	// takes new contents of matCAFile.
-	matTrust chan struct{}
+	// matTrust is what MAT certificates are verified against (loadMatRoots:
+	// the system roots, --mat-ca-file kept current, and dev's simulators).
+	matTrust *matclient.Trust
 	// metrics, when set (runWorker), receives the worker's measurements.
 	metrics *worker.Metrics
 }
@@ -125,76 +119,20 @@ func (o *workerOpts) validate() error {
 	return nil
 }
 
-// loadMatRoots reads --mat-ca-file at start, so that a missing,
-// unreadable or certificate-less file is one clear error naming the file
-// (never its contents). From then on the file is re-read when it changes
-// (reload.Roots): each new MAT connection verifies against the bundle as
-// it is, a bad file keeps the last good bundle and is logged once to log.
-// Without the flag matRoots stays nil: the system roots.
-func (o *workerOpts) loadMatRoots(log *slog.Logger) error {
-	if o.matCAFile == "" {
-		return nil
-	}
-	label := "--mat-ca-file " + o.matCAFile + " (" + cliflag.EnvName("mat-ca-file") + ")"
-	if err := reload.CheckReadable(label, o.matCAFile); err != nil {
-		return err
-	}
-	o.matTrust = make(chan struct{}, 1)
-	roots, err := reload.NewRoots(reload.RootsConfig{Path: o.matCAFile, Name: label, System: true, Log: log,
-		OnChange: func() {
-			select {
-			case o.matTrust <- struct{}{}:
-			default:
-			}
-		}})
-	if err != nil {
-		return err
-	}
-	o.matRoots = roots
-	return nil
-}
-
-// followMatTrust runs until ctx ends: it looks at --mat-ca-file every
-// second (so a change is seen while no MAT connection is made, e.g. while
-// every instance with a refused certificate waits for its next probe) and,
-// after each change, has w ask discovery to probe those instances at once
-// (Worker.RetryRefused). Without --mat-ca-file it returns at once.
-func (o *workerOpts) followMatTrust(ctx context.Context, w *worker.Worker) {
-	if o.matRoots == nil || o.matRoots.File() == nil {
-		return
-	}
-	go o.matRoots.File().Watch(ctx, reload.DefaultMinInterval)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-o.matTrust:
-			w.RetryRefused(ctx)
-		}
-	}
-}
-
-// trustMatCerts adds certs (dev: its simulators' self-signed
-// certificates) to the roots MAT certificates are verified against, besides
-// the system roots and --mat-ca-file.
-func (o *workerOpts) trustMatCerts(certs ...*x509.Certificate) {
-	if len(certs) == 0 {
-		return
-	}
-	if o.matRoots == nil {
-		o.matRoots, _ = reload.NewRoots(reload.RootsConfig{System: true}) // no file: no error
-	}
-	o.matRoots.Trust(certs...)
+// loadMatRoots reads --mat-ca-file at start (matclient.OpenTrust), so
+// that a bad file is one clear error naming it; from then on it is
+// re-read when it changes.
+func (o *workerOpts) loadMatRoots(log *slog.Logger) (err error) {
+	o.matTrust, err = matclient.OpenTrust(o.matCAFile, "--mat-ca-file "+o.matCAFile+" ("+cliflag.EnvName("mat-ca-file")+")", log)
+	return err
 }
 
 // matConfig is the MAT client configuration of the flags, after
-// loadMatRoots: every client verifies MAT's certificate against matRoots
+// loadMatRoots: every client verifies MAT's certificate against matTrust
 // as they are at each handshake.
 func (o *workerOpts) matConfig(userAgent string) matclient.Config {
 	cfg := matclient.Config{Timeout: o.matTimeout, InsecureSkipVerify: o.insecure, UserAgent: userAgent}
-	if o.matRoots != nil {
-		cfg.VerifyPeer = o.matRoots.Verify
-	}
+	o.matTrust.Configure(&cfg)
 	return cfg
 }
 
@@ -223,7 +161,9 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
 	w, err := worker.New(o.config(cidrs, kev), bus, kube, factory, rep, log)
 	if err == nil {
-		go o.followMatTrust(ctx, w)
+		// A changed CA bundle has discovery probe the instances whose
+		// certificate was refused at once.
+		go o.matTrust.Follow(ctx, func(ctx context.Context) { w.RetryRefused(ctx) })
 	}
 	return w, rep, err
 }

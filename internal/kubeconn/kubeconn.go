@@ -3,8 +3,10 @@ package kubeconn
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -44,6 +46,44 @@ type Config struct {
 	Compression bool
 	// UserAgent is every request's User-Agent, e.g. "matbus/v1.2.0".
 	UserAgent string
+}
+
+// AddFlags registers the --kubeconfig, --kube-rate, --kube-qps,
+// --kube-burst, --kube-qps-max, --kube-max-inflight and --kube-compression
+// flags on fs, with their defaults.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration. The CA and client certificate files it names (and the in-cluster ca.crt) are re-read when they change and used from the next connection on; a token file is re-read by client-go; the kubeconfig itself is read once")
+	fs.StringVar(&c.Rate, "kube-rate", RateAdaptive, "client-side limit of Kubernetes API requests, per process: "+
+		"adaptive (a rate from --kube-qps up to --kube-qps-max and a limit of requests in flight up to --kube-max-inflight, "+
+		"raised while the API server answers fast, cut on 429, Retry-After, 502/503/504 and rising write latency; see docs/adr/0022-adaptive-kube-rate.md) "+
+		"or fixed (client-go's token bucket of --kube-qps and --kube-burst, nothing else)")
+	fs.Float64Var(&c.QPS, "kube-qps", 200, "Kubernetes API requests per second, per process: the rate with --kube-rate=fixed, the starting rate with adaptive "+
+		"(client-go's default of 5 is far too low for thousands of Services)")
+	fs.IntVar(&c.Burst, "kube-burst", 400, "Kubernetes API requests sent at once above the rate after a quiet spell (the token bucket's depth), both modes")
+	fs.Float64Var(&c.QPSMax, "kube-qps-max", 1000, "hard ceiling of the adaptive rate, Kubernetes API requests per second, per process (--kube-rate=adaptive; "+
+		"on a small shared cluster use 15 with --kube-burst 30, see docs/performance.md)")
+	fs.IntVar(&c.MaxInFlight, "kube-max-inflight", 64, "hard ceiling of Kubernetes API requests in flight at once, per process (--kube-rate=adaptive; watches not counted)")
+	fs.BoolVar(&c.Compression, "kube-compression", false, "ask the API server to gzip its responses, watch events included; "+
+		"off by default, as for kube-controller-manager and kube-scheduler: on a cluster network gzip costs the API server and matbus CPU "+
+		"(about 3 % of the API server's CPU during a delete fan-out here) and saves nothing that matters; turn it on across a slow link")
+}
+
+// Validate returns an error naming the flag for a limit that is not a
+// positive number or an unknown --kube-rate.
+func (c *Config) Validate() error {
+	if !(c.QPS > 0) || math.IsInf(c.QPS, 0) || c.Burst <= 0 {
+		return errors.New("--kube-qps and --kube-burst must be positive numbers")
+	}
+	switch c.Rate {
+	case RateFixed:
+	case RateAdaptive:
+		if !(c.QPSMax > 0) || math.IsInf(c.QPSMax, 0) || c.MaxInFlight <= 0 {
+			return errors.New("--kube-qps-max and --kube-max-inflight must be positive numbers")
+		}
+	default:
+		return fmt.Errorf("--kube-rate %q: want adaptive or fixed", c.Rate)
+	}
+	return nil
 }
 
 // RESTConfig returns the client configuration from c.Kubeconfig or the
