@@ -395,3 +395,42 @@ func ServeSources(ctx context.Context, addr string, l *SourceList, log *slog.Log
 	log.Info("sources API", "url", "http://"+ln.Addr().String()+SourcesPath)
 	return ln.Addr(), done, nil
 }
+
+// RunSourcesAPI serves the sources API on addr (ServeSources) and makes
+// the passes of a NewSourceList(debounce) over src until ctx ends, or
+// until the returned stop is called, which waits for both. An address
+// that cannot be bound (another discovery process on this host has it, as
+// when a standby runs beside the leader outside Kubernetes) is logged and
+// tried again every 10 s: the sources API is not worth stopping discovery
+// for.
+func RunSourcesAPI(ctx context.Context, addr string, debounce time.Duration, src Source, log *slog.Logger) (stop func()) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	sources := NewSourceList(debounce, log)
+	ctx, cancel := context.WithCancel(ctx)
+	served, passes := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			_, done, err := ServeSources(ctx, addr, sources, log)
+			if err == nil {
+				<-done
+				return
+			}
+			log.Warn("sources API not served; retrying in 10s", "error", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}()
+	go func() {
+		defer close(passes)
+		if err := sources.Run(ctx, src); err != nil {
+			log.Error("sources API passes stopped", "error", err)
+		}
+	}()
+	return func() { cancel(); <-served; <-passes }
+}

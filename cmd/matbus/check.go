@@ -36,14 +36,14 @@ func runCheck(ctx context.Context, args []string, e env) error {
 	cidrs, _ := worker.ParseCIDRs(w.serviceCIDRs)
 	mcfg := w.matConfig("matbus-check/" + version)
 	cfg := operator.CheckConfig{
-		NATSURL: n.url,
+		NATSURL: n.URL,
 		ConnectNATS: func() (*nats.Conn, error) {
 			opts := []nats.Option{nats.Name("matbus-check"), nats.Timeout(5 * time.Second), nats.NoReconnect()}
-			fileOpts, err := n.conn().FileOptions(log)
+			fileOpts, err := n.Config.FileOptions(log)
 			if err != nil {
 				return nil, err
 			}
-			return nats.Connect(n.url, append(opts, fileOpts...)...)
+			return nats.Connect(n.URL, append(opts, fileOpts...)...)
 		},
 		Replicas:     n.replicas,
 		Options:      w.planOptions(),

@@ -27,32 +27,26 @@ import (
 
 // natsOpts are the flags every NATS user shares.
 type natsOpts struct {
-	url, creds, prefix string
-	memory             bool
+	natsconn.Config
+	prefix string
+	memory bool
 	// replicas of every stream (--stream-replicas; 0 without
 	// registerReplicas: the events default, 1).
 	replicas     int
 	withReplicas bool
-	// tlsCA, tlsCert and tlsKey are PEM files (--nats-tls-*); empty: none.
-	tlsCA, tlsCert, tlsKey string
 	// namespace is the pipeline's namespace (events.Config.Namespace),
 	// set by the subcommand; empty for readers of every namespace.
 	namespace string
 }
 
 func (o *natsOpts) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.url, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated")
-	fs.StringVar(&o.creds, "nats-creds", "", "path of a NATS credentials file (.creds), if the server needs one; read again at each connect and reconnect (a missing or half-written file keeps the last good credentials, with a warning)")
+	o.AddFlags(fs)
 	fs.StringVar(&o.prefix, "subject-prefix", events.DefaultPrefix, "first token(s) of every matbus subject")
 }
 
 // registerTLS adds the TLS flags of commands that connect to a NATS of the
 // operator's (not dev's embedded server).
-func (o *natsOpts) registerTLS(fs *flag.FlagSet) {
-	fs.StringVar(&o.tlsCA, "nats-tls-ca", "", "PEM file of the CA(s) that signed the NATS servers' certificates (default: the system's roots); setting it turns TLS on; read again at each connect and reconnect (a missing or broken file keeps the last good CAs, with a warning)")
-	fs.StringVar(&o.tlsCert, "nats-tls-cert", "", "PEM file of the client certificate for NATS servers that verify clients (with --nats-tls-key); read again at each connect and reconnect, and taken once the key matches (until then the last good pair is used, with a warning)")
-	fs.StringVar(&o.tlsKey, "nats-tls-key", "", "PEM file of the private key of --nats-tls-cert")
-}
+func (o *natsOpts) registerTLS(fs *flag.FlagSet) { o.AddTLSFlags(fs) }
 
 // registerReplicas adds --stream-replicas to the commands that create the
 // streams (worker, discovery).
@@ -68,16 +62,8 @@ func (o *natsOpts) validate() error {
 	if o.withReplicas && (o.replicas < 1 || o.replicas > events.MaxReplicas) {
 		return fmt.Errorf("%w: --stream-replicas %d: want 1 to %d", errUsage, o.replicas, events.MaxReplicas)
 	}
-	if (o.tlsCert == "") != (o.tlsKey == "") {
-		return fmt.Errorf("%w: --nats-tls-cert and --nats-tls-key go together: set both or neither", errUsage)
-	}
-	for _, u := range strings.Split(o.url, ",") {
-		if !strings.HasPrefix(strings.TrimSpace(u), "nats://") && !strings.HasPrefix(strings.TrimSpace(u), "tls://") {
-			return fmt.Errorf("%w: --nats-url %q: want nats://host:port or tls://host:port", errUsage, redact.StripUserInfoLoose(strings.TrimSpace(u)))
-		}
-		if err := validURL("--nats-url", strings.TrimSpace(u)); err != nil {
-			return err
-		}
+	if err := o.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return nil
 }
@@ -87,20 +73,15 @@ func (o *natsOpts) validate() error {
 // bad escape in a password): `invalid --nats-url "nats://***@h:4222":
 // invalid userinfo`.
 func validURL(flagName, raw string) error {
-	if _, err := redact.ParseURL(raw); err != nil {
-		return fmt.Errorf("%w: invalid %s %v", errUsage, flagName, err)
+	if err := natsconn.ValidURL(flagName, raw); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return nil
 }
 
-// conn is how o reaches NATS.
-func (o *natsOpts) conn() natsconn.Config {
-	return natsconn.Config{URL: o.url, Creds: o.creds, TLSCA: o.tlsCA, TLSCert: o.tlsCert, TLSKey: o.tlsKey}
-}
-
 // connect dials NATS (natsconn.Connect) and keeps reconnecting forever.
 func (o *natsOpts) connect(name string, log *slog.Logger) (*nats.Conn, error) {
-	return natsconn.Connect(o.conn(), name, log)
+	return natsconn.Connect(o.Config, name, log)
 }
 
 // bus returns the events.Bus of the pipeline in o.namespace; w (may be

@@ -152,7 +152,7 @@ func (o *devOpts) parts(log *slog.Logger) devenv.Parts {
 		},
 		TrustMAT: func(c *x509.Certificate) { o.w.matTrust.Add(c) },
 		Connect: func(url, name string) (*nats.Conn, error) {
-			o.n.url = url
+			o.n.URL = url
 			return o.n.connect(name, log)
 		},
 		DiscoveryBus: func(nc *nats.Conn) (*events.Bus, error) { return o.n.bus(nc, "discovery/dev", log, nil) },

@@ -207,7 +207,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	if o.sourceListAddr != "" {
-		defer d.serveSources(ctx, o.sourceListAddr, o.sourceListDebounce)()
+		defer discovery.RunSourcesAPI(ctx, o.sourceListAddr, o.sourceListDebounce, d.src, d.log)()
 	}
 	pcfg := o.publisherConfig(kev)
 	if !o.leaderElect {
@@ -279,23 +279,6 @@ func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kub
 	return nil
 }
 
-// serveSources serves the sources API on addr and makes its passes over
-// the source until ctx ends, or until the returned stop is called (which
-// waits for both).
-func (d *discoveryProc) serveSources(ctx context.Context, addr string, debounce time.Duration) (stop func()) {
-	sources := discovery.NewSourceList(debounce, d.log)
-	sctx, stopSources := context.WithCancel(ctx)
-	served, passes := make(chan struct{}), make(chan struct{})
-	go func() { defer close(served); serveSources(sctx, addr, sources, d.log) }()
-	go func() {
-		defer close(passes)
-		if err := sources.Run(sctx, d.src); err != nil {
-			d.log.Error("sources API passes stopped", "error", err)
-		}
-	}()
-	return func() { stopSources(); <-served; <-passes }
-}
-
 // lead publishes as the leader until ctx ends.
 func (d *discoveryProc) lead(ctx context.Context, term *discovery.Term, cfg discovery.PublisherConfig) error {
 	d.leading.Store(true)
@@ -321,27 +304,6 @@ func (d *discoveryProc) elect(ctx context.Context, kube kubernetes.Interface, lc
 		return err
 	}
 	return leadErr
-}
-
-// serveSources serves the sources API on addr until ctx ends. An address
-// that cannot be bound (another discovery process on this host has it, as
-// when a standby runs beside the leader outside Kubernetes) is logged and
-// tried again every 10 s: the sources API is not worth stopping discovery
-// for.
-func serveSources(ctx context.Context, addr string, sources *discovery.SourceList, log *slog.Logger) {
-	for {
-		_, done, err := discovery.ServeSources(ctx, addr, sources, log)
-		if err == nil {
-			<-done
-			return
-		}
-		log.Warn("sources API not served; retrying in 10s", "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(10 * time.Second):
-		}
-	}
 }
 
 // schedOpts are the publisher's scheduling flags, which `discovery` and

@@ -53,7 +53,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 		err error
 	)
 	if healthAddr == "" {
-		nc, err = natsconn.ConnectReachable(ctx, n.conn(), "matbus-errors", log, reachWait)
+		nc, err = natsconn.ConnectReachable(ctx, n.Config, "matbus-errors", log, reachWait)
 	} else {
 		nc, err = n.connect("matbus-errors", log)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
+	"github.com/matbus/matbus/internal/natsconn"
 	"github.com/matbus/matbus/internal/testenv"
 )
 
@@ -94,7 +95,7 @@ func TestNATSTLSFilesRotate(t *testing.T) {
 	ns := newRestartableNATS(t)
 	ns.start(opts(ca1))
 
-	n := natsOpts{url: "tls://127.0.0.1:" + strconv.Itoa(ns.port), tlsCA: vol.Path("ca.crt"), tlsCert: vol.Path("tls.crt"), tlsKey: vol.Path("tls.key")}
+	n := natsOpts{Config: natsconn.Config{URL: "tls://127.0.0.1:" + strconv.Itoa(ns.port), TLSCA: vol.Path("ca.crt"), TLSCert: vol.Path("tls.crt"), TLSKey: vol.Path("tls.key")}}
 	var logs testenv.Buffer
 	nc, err := n.connect("rotate-test", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -202,7 +203,7 @@ func TestNATSCredsRotate(t *testing.T) {
 	ns := newRestartableNATS(t)
 	ns.start(opts(pubA, jwtA))
 
-	n := natsOpts{url: "nats://127.0.0.1:" + strconv.Itoa(ns.port), creds: vol.Path("nats.creds")}
+	n := natsOpts{Config: natsconn.Config{URL: "nats://127.0.0.1:" + strconv.Itoa(ns.port), Creds: vol.Path("nats.creds")}}
 	var logs testenv.Buffer
 	nc, err := n.connect("rotate-test", slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {

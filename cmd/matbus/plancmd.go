@@ -117,7 +117,7 @@ func readHolds(ctx context.Context, fs *flag.FlagSet, n *natsOpts, w *workerOpts
 	if !given {
 		return nil, errors.New("no --nats-url given, so a hold in force is not known")
 	}
-	nc, err := natsconn.ConnectReachable(ctx, n.conn(), "matbus-plan", log, reachWait)
+	nc, err := natsconn.ConnectReachable(ctx, n.Config, "matbus-plan", log, reachWait)
 	if err != nil {
 		return nil, err
 	}

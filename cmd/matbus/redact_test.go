@@ -33,7 +33,7 @@ func TestLoggerRedactsFlagSecrets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log.Info("using", "url", n.url, "echo", "the password is "+pw, "creds", jwt+" "+seed)
+	log.Info("using", "url", n.URL, "echo", "the password is "+pw, "creds", jwt+" "+seed)
 	line := buf.String()
 	if strings.Contains(line, pw) || strings.Contains(line, jwt) || strings.Contains(line, seed) ||
 		!strings.Contains(line, `"url":"nats://***@nats.example:4222"`) || !strings.Contains(line, `"creds":"[redacted] [redacted]"`) {

@@ -55,7 +55,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	log = log.With("component", "status")
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	nc, err := natsconn.ConnectReachable(ctx, n.conn(), "matbus-status", log, reachWait)
+	nc, err := natsconn.ConnectReachable(ctx, n.Config, "matbus-status", log, reachWait)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -34,6 +35,50 @@ type Config struct {
 	TLSCA string
 	// TLSCert and TLSKey are the PEM client certificate and its key.
 	TLSCert, TLSKey string
+}
+
+// AddFlags registers --nats-url and --nats-creds on fs.
+func (c *Config) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.URL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated")
+	fs.StringVar(&c.Creds, "nats-creds", "", "path of a NATS credentials file (.creds), if the server needs one; read again at each connect and reconnect (a missing or half-written file keeps the last good credentials, with a warning)")
+}
+
+// AddTLSFlags registers --nats-tls-ca, --nats-tls-cert and --nats-tls-key
+// on fs.
+func (c *Config) AddTLSFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.TLSCA, "nats-tls-ca", "", "PEM file of the CA(s) that signed the NATS servers' certificates (default: the system's roots); setting it turns TLS on; read again at each connect and reconnect (a missing or broken file keeps the last good CAs, with a warning)")
+	fs.StringVar(&c.TLSCert, "nats-tls-cert", "", "PEM file of the client certificate for NATS servers that verify clients (with --nats-tls-key); read again at each connect and reconnect, and taken once the key matches (until then the last good pair is used, with a warning)")
+	fs.StringVar(&c.TLSKey, "nats-tls-key", "", "PEM file of the private key of --nats-tls-cert")
+}
+
+// Validate returns an error naming the flag when --nats-tls-cert and
+// --nats-tls-key are not set together, or a --nats-url entry is not a
+// nats:// or tls:// URL that parses (its user info never shown).
+func (c *Config) Validate() error {
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		return errors.New("--nats-tls-cert and --nats-tls-key go together: set both or neither")
+	}
+	for _, u := range strings.Split(c.URL, ",") {
+		u = strings.TrimSpace(u)
+		if !strings.HasPrefix(u, "nats://") && !strings.HasPrefix(u, "tls://") {
+			return fmt.Errorf("--nats-url %q: want nats://host:port or tls://host:port", redact.StripUserInfoLoose(u))
+		}
+		if err := ValidURL("--nats-url", u); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidURL is the error of a URL flag net/url cannot parse; it names the
+// URL without its user info and never quotes a piece of it (a space or
+// bad escape in a password): `invalid --nats-url "nats://***@h:4222":
+// invalid userinfo`.
+func ValidURL(flagName, raw string) error {
+	if _, err := redact.ParseURL(raw); err != nil {
+		return fmt.Errorf("invalid %s %v", flagName, err)
+	}
+	return nil
 }
 
 // FileOptions returns the nats.go options of c's credentials and TLS
