@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -129,4 +130,24 @@ func RunLeaderElected(ctx context.Context, kube kubernetes.Interface, cfg Leader
 
 func metav1ObjectMeta(ns, name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Namespace: ns, Name: name}
+}
+
+// RunElected is RunLeaderElected for a lead that can fail: a failure
+// other than the term's end (context.Canceled) is logged, and the last one
+// is returned once ctx ends; an invalid configuration is returned at once.
+func RunElected(ctx context.Context, kube kubernetes.Interface, cfg LeaderConfig, log *slog.Logger, lead func(ctx context.Context, term *Term) error) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var leadErr error
+	err := RunLeaderElected(ctx, kube, cfg, log, func(lctx context.Context, term *Term) {
+		if err := lead(lctx, term); err != nil && !errors.Is(err, context.Canceled) {
+			leadErr = err
+			log.Error("publisher failed", "error", err)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return leadErr
 }

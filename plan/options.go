@@ -211,3 +211,22 @@ func InstanceSelector(opts Options, key string) labels.Selector {
 		LabelInstance:  LabelValue(key),
 	})
 }
+
+// ParseTargetSelector parses a target selector, "k=v[,k2=v2]", into its
+// labels; empty items are skipped. The error names the item that is not
+// key=value.
+func ParseTargetSelector(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("selector item %q: want key=value", kv)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return out, nil
+}

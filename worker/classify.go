@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -166,4 +168,18 @@ func ServiceCIDRs(ctx context.Context, kube kubernetes.Interface) ([]netip.Prefi
 		}
 	}
 	return out, nil
+}
+
+// LookupServiceCIDRs is ServiceCIDRs within 5 s, logged: the ranges, or
+// nil and why they are unknown (then a refused cluster IP is retried).
+func LookupServiceCIDRs(ctx context.Context, kube kubernetes.Interface, log *slog.Logger) []netip.Prefix {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err := ServiceCIDRs(ctx, kube)
+	if err != nil {
+		log.Info("service range unknown (set --service-cidr); a refused cluster IP will be retried", "error", err)
+		return nil
+	}
+	log.Info("service range", "cidrs", out)
+	return out
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -290,23 +289,6 @@ func hostname() string {
 		return "matbus"
 	}
 	return h
-}
-
-// parseSelector parses "k=v,k2=v2" into a map.
-func parseSelector(s string) (map[string]string, error) {
-	out := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		kv = strings.TrimSpace(kv)
-		if kv == "" {
-			continue
-		}
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return nil, fmt.Errorf("%w: selector item %q: want key=value", errUsage, kv)
-		}
-		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	return out, nil
 }
 
 // parseAndValidate parses args (command line first, then environment) and

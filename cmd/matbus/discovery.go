@@ -3,7 +3,6 @@ package main
 import (
 	"cmp"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/health"
+	"github.com/matbus/matbus/internal/kubeconn"
 	"github.com/matbus/matbus/internal/reload"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/kubewatch"
@@ -213,7 +213,9 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	if !o.leaderElect {
 		return d.lead(ctx, nil, pcfg)
 	}
-	return d.elect(ctx, kube, o.leaderConfig(namespace, ident, bus), pcfg)
+	return discovery.RunElected(ctx, kube, o.leaderConfig(namespace, ident, bus), d.log, func(ctx context.Context, term *discovery.Term) error {
+		return d.lead(ctx, term, pcfg)
+	})
 }
 
 // kubeClient is discovery's Kubernetes client: nil for a static source
@@ -235,7 +237,7 @@ func (o *discoveryOpts) kubeClient(ctx context.Context, k *kubeOpts, log *slog.L
 		}
 		return nil, err
 	}
-	cfg.UserAgent = kubeUserAgent("discovery", cmp.Or(o.ident, hostname()))
+	cfg.UserAgent = kubeconn.UserAgent(version, "discovery", cmp.Or(o.ident, hostname()))
 	return kubeClient(cfg)
 }
 
@@ -271,11 +273,9 @@ func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kub
 		probe = health.StartAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, nil, d.log)
 	}
 	ready := health.DiscoveryReadiness(nc, probe, watch, &d.cur, o.staleAfter)
-	health.ReadyMetric(reg, "discovery", ready.Err)
-	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, d.log); err != nil {
+	if err := health.Start(ctx, h.addr, "discovery", ready, reg, h.profiling, d.log); err != nil {
 		return err
 	}
-	go health.WarnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, d.log)
 	return nil
 }
 
@@ -288,22 +288,6 @@ func (d *discoveryProc) lead(ctx context.Context, term *discovery.Term, cfg disc
 	d.cur.Store(&health.Lead{Publisher: pub, Source: d.src, Since: time.Now()})
 	defer d.cur.Store(nil)
 	return pub.Lead(ctx, term)
-}
-
-// elect campaigns for the Lease and leads during each term won, until
-// ctx ends; it returns the last term's publisher failure.
-func (d *discoveryProc) elect(ctx context.Context, kube kubernetes.Interface, lcfg discovery.LeaderConfig, cfg discovery.PublisherConfig) error {
-	var leadErr error
-	err := discovery.RunLeaderElected(ctx, kube, lcfg, d.log, func(lctx context.Context, term *discovery.Term) {
-		if err := d.lead(lctx, term, cfg); err != nil && !errors.Is(err, context.Canceled) {
-			leadErr = err
-			d.log.Error("publisher failed", "error", err)
-		}
-	})
-	if err != nil {
-		return err
-	}
-	return leadErr
 }
 
 // schedOpts are the publisher's scheduling flags, which `discovery` and

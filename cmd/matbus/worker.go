@@ -16,6 +16,7 @@ import (
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/health"
+	"github.com/matbus/matbus/internal/kubeconn"
 	"github.com/matbus/matbus/kubeevents"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/plan"
@@ -103,9 +104,9 @@ func (o *workerOpts) validate() error {
 	if _, err := worker.ParseCIDRs(o.serviceCIDRs); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	sel, err := parseSelector(o.targetSelector)
+	sel, err := plan.ParseTargetSelector(o.targetSelector)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if len(sel) == 0 {
 		return fmt.Errorf("%w: --target-selector is empty: name the MAT pods' labels, key=value[,key=value] (the old controller's is %s)", errUsage, plan.DefaultTargetSelector)
@@ -149,7 +150,7 @@ func (o *workerOpts) workerName() string {
 func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes.Interface, log *slog.Logger) (*worker.Worker, *events.Reporter, error) {
 	cidrs, _ := worker.ParseCIDRs(o.serviceCIDRs)
 	if len(cidrs) == 0 {
-		cidrs = serviceCIDRsFromAPI(ctx, kube, log)
+		cidrs = worker.LookupServiceCIDRs(ctx, kube, log)
 	}
 	rep := events.NewReporter(bus, log, o.workerName(), o.errorWindow)
 	kev, err := startKubeEvents(ctx, o.kubeEvents, kube, kubeevents.ControllerWorker, log)
@@ -187,20 +188,8 @@ func (o *workerOpts) config(cidrs []netip.Prefix, kev *kubeevents.Recorder) work
 // worker, check and plan use them.
 func (o *workerOpts) planOptions() plan.Options {
 	mode, _ := plan.ParseIPMode(o.ipMode)
-	sel, _ := parseSelector(o.targetSelector)
+	sel, _ := plan.ParseTargetSelector(o.targetSelector)
 	return plan.Options{Namespace: o.namespace, ManagedBy: o.managedBy, IPMode: mode, TargetSelector: sel, StateAnnotations: o.stateAnnotations}
-}
-
-func serviceCIDRsFromAPI(ctx context.Context, kube kubernetes.Interface, log *slog.Logger) []netip.Prefix {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	out, err := worker.ServiceCIDRs(ctx, kube)
-	if err != nil {
-		log.Info("service range unknown (set --service-cidr); a refused cluster IP will be retried", "error", err)
-		return nil
-	}
-	log.Info("service range", "cidrs", out)
-	return out
 }
 
 func runWorker(ctx context.Context, args []string, e env) error {
@@ -223,13 +212,13 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	cfg.UserAgent = kubeUserAgent("worker", o.workerName())
+	cfg.UserAgent = kubeconn.UserAgent(version, "worker", o.workerName())
 	reg := health.NewRegistry(version, health.Revision(commit))
 	k.registerMetrics(reg)
 	// The readiness probe's GET /version gets its own client, left out of
 	// matbus_kube_requests_total, which counts the work's requests only.
 	probeCfg := rest.CopyConfig(cfg)
-	probeCfg.UserAgent = kubeUserAgent("worker", o.workerName(), "readiness")
+	probeCfg.UserAgent = kubeconn.UserAgent(version, "worker", o.workerName(), "readiness")
 	probeKube, err := kubeClient(probeCfg)
 	if err != nil {
 		return err
@@ -260,10 +249,8 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	reg.MustRegister(health.NewConsumerCollector(bus))
 	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
 	ready := health.WorkerReadiness(nc, health.StartAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
-	health.ReadyMetric(reg, "worker", ready.Err)
-	if err := health.Serve(ctx, h.addr, ready.Err, reg, h.profiling, log); err != nil {
+	if err := health.Start(ctx, h.addr, "worker", ready, reg, h.profiling, log); err != nil {
 		return err
 	}
-	go health.WarnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
 	return w.Run(ctx)
 }

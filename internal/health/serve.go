@@ -68,3 +68,16 @@ func Serve(ctx context.Context, addr string, ready func() error, reg *prometheus
 	log.Info("health endpoints", "addr", l.Addr().String(), "paths", paths)
 	return nil
 }
+
+// Start runs the health listener of a process of component ("worker",
+// "discovery") until ctx ends: matbus_ready{component} on reg, Serve on
+// addr (empty: no listener), and a warning every 30 s (the first after
+// 10 s) while ready fails.
+func Start(ctx context.Context, addr, component string, ready Readiness, reg *prometheus.Registry, profiling bool, log *slog.Logger) error {
+	ReadyMetric(reg, component, ready.Err)
+	if err := Serve(ctx, addr, ready.Err, reg, profiling, log); err != nil {
+		return err
+	}
+	go WarnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
+	return nil
+}

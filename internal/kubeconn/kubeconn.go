@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/kubernetes"
@@ -171,4 +172,24 @@ func Reachable(ctx context.Context, kube kubernetes.Interface, host string, wait
 		return fmt.Errorf("the Kubernetes API server at %s is not reachable (no answer in %s): %w", host, wait, err)
 	}
 	return fmt.Errorf("the Kubernetes API server at %s is not reachable: %w", host, err)
+}
+
+// UserAgent is the User-Agent of a matbus process's Kubernetes
+// requests: "matbus/<version> (<subcommand>; <instance>[; <part>])", e.g.
+// "matbus/v1.4.0 (worker; worker-0)" or "matbus/v1.4.0 (worker; worker-0;
+// readiness)". The API server's audit log records it, so every request
+// can be traced to the process and the part of it that sent it. Characters
+// outside printable ASCII and the parentheses and semicolons of the
+// format are replaced by '_' so a pod or host name cannot break it.
+func UserAgent(version, subcommand, instance string, part ...string) string {
+	fields := append([]string{subcommand, instance}, part...)
+	for i, f := range fields {
+		fields[i] = strings.Map(func(r rune) rune {
+			if r < 0x21 || r > 0x7e || r == '(' || r == ')' || r == ';' {
+				return '_'
+			}
+			return r
+		}, f)
+	}
+	return "matbus/" + version + " (" + strings.Join(fields, "; ") + ")"
 }
