@@ -120,7 +120,7 @@ func (o *baseOpts) registerAt(fs *flag.FlagSet, level string) {
 // and Kubernetes flags and then each of validators, and returns the logger
 // of the flags writing to stderr, with component=component.
 func (o *baseOpts) parse(fs *flag.FlagSet, args []string, e env, component string, validators ...func() error) (*slog.Logger, error) {
-	if err := parseAndValidate(fs, args, e.lookupEnv, append([]func() error{o.n.validate, o.k.validate}, validators...)...); err != nil {
+	if err := parseAndValidate(fs, args, e.lookupEnv, append([]func() error{o.n.validate, asUsage(o.k.Validate)}, validators...)...); err != nil {
 		return nil, err
 	}
 	log, err := o.l.logger(e.stderr)
@@ -181,25 +181,14 @@ func (o *logOpts) registerAt(fs *flag.FlagSet, level string) {
 // (redact.FlagSecrets), the user info of URLs and bearer tokens never reach w.
 // It returns an error wrapping errUsage for an unknown level or format.
 func (o *logOpts) logger(w io.Writer) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(o.level)); err != nil {
-		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", errUsage, o.level)
-	}
-	hopts := &slog.HandlerOptions{Level: lvl}
-	var h slog.Handler
-	switch o.format {
-	case "text":
-		h = slog.NewTextHandler(w, hopts)
-	case "json":
-		h = slog.NewJSONHandler(w, hopts)
-	default:
-		return nil, fmt.Errorf("%w: --log-format %q: want text or json", errUsage, o.format)
-	}
 	var secrets []string
 	if o.fs != nil {
 		secrets = redact.FlagSecrets(o.fs)
 	}
-	log := slog.New(redact.NewHandler(h, redact.New(secrets)))
+	log, err := redact.NewLogger(w, o.level, o.format, secrets)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
 	// client-go logs through klog (leader election, informers): send those
 	// lines through the same handler so --log-format=json stays JSON.
 	klog.SetSlogLogger(log.With("logger", "client-go"))
@@ -217,13 +206,6 @@ type kubeOpts struct {
 func (o *kubeOpts) register(fs *flag.FlagSet) {
 	o.AddFlags(fs)
 	o.UserAgent = "matbus/" + version
-}
-
-func (o *kubeOpts) validate() error {
-	if err := o.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	return nil
 }
 
 // restConfig is kubeconn.RESTConfig of o; it keeps the adaptive limiter
@@ -261,25 +243,6 @@ func startKubeEvents(ctx context.Context, on bool, kube kubernetes.Interface, co
 	return kubeevents.Start(ctx, kube, kubeevents.Config{Controller: controller, Log: log})
 }
 
-// healthOpts are worker's and discovery's flags of the listener of
-// /healthz, /readyz, /metrics and, with --profiling, /debug/pprof/.
-type healthOpts struct {
-	addr      string
-	profiling bool
-}
-
-func (o *healthOpts) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.addr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
-	fs.BoolVar(&o.profiling, "profiling", false, "also serve Go's runtime profiles under /debug/pprof/ on --health-addr (CPU: /debug/pprof/profile?seconds=N; heap, goroutine); for diagnosis, not for production exposure")
-}
-
-func (o *healthOpts) validate() error {
-	if o.profiling && o.addr == "" {
-		return fmt.Errorf("%w: --profiling serves on --health-addr, which is empty", errUsage)
-	}
-	return nil
-}
-
 func hostname() string {
 	if v := os.Getenv("POD_NAME"); v != "" {
 		return v
@@ -310,3 +273,13 @@ func parseAndValidate(fs *flag.FlagSet, args []string, lookup cliflag.Lookup, va
 // long enough for a server that is starting, short enough that a wrong
 // address is reported while the user still looks.
 const reachWait = 5 * time.Second
+
+// asUsage marks validate's error as a usage error.
+func asUsage(validate func() error) func() error {
+	return func() error {
+		if err := validate(); err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		return nil
+	}
+}

@@ -83,7 +83,7 @@ func parseDev(args []string, e env) (*devOpts, error) {
 		}
 		return nil
 	}
-	if err := parseAndValidate(o.fs, args, e.lookupEnv, validPrefix, o.k.validate, o.w.validate); err != nil {
+	if err := parseAndValidate(o.fs, args, e.lookupEnv, validPrefix, asUsage(o.k.Validate), o.w.validate); err != nil {
 		return nil, devFlagHint(err)
 	}
 	if err := o.validate(); err != nil {

@@ -93,7 +93,9 @@ func (o *discoveryOpts) validate() error {
 
 func (o *discoveryOpts) isStatic() bool { return o.static.Given || o.staticFile != "" }
 
-// source builds the static or Kubernetes source.
+// source builds the static or Kubernetes source. A Kubernetes source
+// reports an unusable MAT Service to rep, or as a warning to log without
+// one (plan).
 func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log *slog.Logger, rep *events.Reporter) (discovery.Source, error) {
 	if o.isStatic() {
 		var entries []discovery.StaticEntry
@@ -127,8 +129,11 @@ func (o *discoveryOpts) source(kube kubernetes.Interface, namespace string, log 
 	if kube == nil {
 		return nil, fmt.Errorf("%w: Kubernetes discovery needs --kubeconfig or an in-cluster configuration (or use --static)", errUsage)
 	}
-	report := func(key, msg string) {
-		rep.Report(context.Background(), events.Error{Kind: events.ErrorDiscovery, Instance: key, Message: msg})
+	report := func(key, msg string) { log.Warn("discovery", "instance", key, "error", msg) }
+	if rep != nil {
+		report = func(key, msg string) {
+			rep.Report(context.Background(), events.Error{Kind: events.ErrorDiscovery, Instance: key, Message: msg})
+		}
 	}
 	src, err := discovery.NewKube(kube, discovery.KubeConfig{Namespace: namespace, Selector: o.selector,
 		Scheme: o.scheme, HostMode: o.hostMode, ClusterDomain: o.clusterDomain, Report: rep}, log, report)
@@ -142,19 +147,19 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	fs := cliflag.NewFlagSet("discovery", "Watch for MAT instances and publish instance and sync events (leader-elected).")
 	var b baseOpts
 	var o discoveryOpts
-	var h healthOpts
+	var h health.Options
 	var namespace string
 	b.register(fs)
 	o.register(fs)
 	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
-	h.register(fs)
+	h.AddFlags(fs)
 	validNamespace := func() error {
 		if _, err := events.Key(namespace, "x"); err != nil {
 			return fmt.Errorf("%w: --namespace: %v", errUsage, err)
 		}
 		return nil
 	}
-	log, err := b.parse(fs, args, e, "discovery", o.validate, h.validate, validNamespace)
+	log, err := b.parse(fs, args, e, "discovery", o.validate, asUsage(h.Validate), validNamespace)
 	if err != nil {
 		return err
 	}
@@ -261,7 +266,7 @@ type discoveryProc struct {
 
 // serveHealth registers the process's metrics and serves them with
 // /healthz and /readyz (--health-addr) until ctx ends.
-func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kubernetes.Interface, src discovery.Source, k *kubeOpts, o *discoveryOpts, h healthOpts) error {
+func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kubernetes.Interface, src discovery.Source, k *kubeOpts, o *discoveryOpts, h health.Options) error {
 	var watch *kubewatch.Tracker // the informer's list and watch calls; nil for a static source
 	if ks, ok := src.(*discovery.KubeSource); ok {
 		watch = ks.WatchHealth()
@@ -273,7 +278,7 @@ func (d *discoveryProc) serveHealth(ctx context.Context, nc *nats.Conn, kube kub
 		probe = health.StartAPIProbe(ctx, kube, 5*time.Second, 5*time.Second, nil, d.log)
 	}
 	ready := health.DiscoveryReadiness(nc, probe, watch, &d.cur, o.staleAfter)
-	if err := health.Start(ctx, h.addr, "discovery", ready, reg, h.profiling, d.log); err != nil {
+	if err := health.Start(ctx, h, "discovery", ready, reg, d.log); err != nil {
 		return err
 	}
 	return nil

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/kubeconn"
@@ -63,18 +62,9 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	if err := kubeconn.Reachable(ctx, kube, cfg.Host, reachWait); err != nil {
 		return err
 	}
-	var src discovery.Source
-	if d.isStatic() {
-		if src, err = d.source(nil, w.namespace, log, nil); err != nil {
-			return err
-		}
-	} else {
-		src, err = discovery.NewKube(kube, discovery.KubeConfig{Namespace: w.namespace, Selector: d.selector,
-			Scheme: d.scheme, HostMode: d.hostMode, ClusterDomain: d.clusterDomain}, log,
-			func(key, msg string) { log.Warn("discovery", "instance", key, "error", msg) })
-		if err != nil {
-			return fmt.Errorf("%w: %v", errUsage, err)
-		}
+	src, err := d.source(kube, w.namespace, log, nil)
+	if err != nil {
+		return err
 	}
 	insts, err := operator.Instances(ctx, src)
 	if err != nil {

@@ -45,7 +45,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 		}
 		return validURL("--sources-url", sourcesURL)
 	}
-	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, k.validate, w.validate, validOutput, validSources); err != nil {
+	if err := parseAndValidate(fs, args, e.lookupEnv, n.validate, asUsage(k.Validate), w.validate, validOutput, validSources); err != nil {
 		return err
 	}
 	log, err := l.logger(e.stderr)

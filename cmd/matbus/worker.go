@@ -196,11 +196,11 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	fs := cliflag.NewFlagSet("worker", "Consume instance events, sync jobs and delete jobs; keep BMC Services in step.")
 	var b baseOpts
 	var o workerOpts
-	var h healthOpts
+	var h health.Options
 	b.register(fs)
 	o.register(fs)
-	h.register(fs)
-	log, err := b.parse(fs, args, e, "worker", o.validate, h.validate)
+	h.AddFlags(fs)
+	log, err := b.parse(fs, args, e, "worker", o.validate, asUsage(h.Validate))
 	if err != nil {
 		return err
 	}
@@ -249,7 +249,7 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	reg.MustRegister(health.NewConsumerCollector(bus))
 	informerUp := func() bool { return w.Ready() && w.WatchHealth().Err() == nil }
 	ready := health.WorkerReadiness(nc, health.StartAPIProbe(ctx, probeKube, 5*time.Second, 5*time.Second, informerUp, log), w)
-	if err := health.Start(ctx, h.addr, "worker", ready, reg, h.profiling, log); err != nil {
+	if err := health.Start(ctx, h, "worker", ready, reg, log); err != nil {
 		return err
 	}
 	return w.Run(ctx)

@@ -3,6 +3,7 @@ package health
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -69,13 +70,36 @@ func Serve(ctx context.Context, addr string, ready func() error, reg *prometheus
 	return nil
 }
 
+// Options are worker's and discovery's flags of the listener of /healthz,
+// /readyz, /metrics and, with Profiling, /debug/pprof/.
+type Options struct {
+	// Addr is the listener's address (--health-addr); empty: none.
+	Addr string
+	// Profiling serves Go's runtime profiles too (--profiling).
+	Profiling bool
+}
+
+// AddFlags registers --health-addr and --profiling on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Addr, "health-addr", ":8080", "address of /healthz, /readyz and /metrics; empty disables")
+	fs.BoolVar(&o.Profiling, "profiling", false, "also serve Go's runtime profiles under /debug/pprof/ on --health-addr (CPU: /debug/pprof/profile?seconds=N; heap, goroutine); for diagnosis, not for production exposure")
+}
+
+// Validate refuses --profiling without a listener.
+func (o *Options) Validate() error {
+	if o.Profiling && o.Addr == "" {
+		return errors.New("--profiling serves on --health-addr, which is empty")
+	}
+	return nil
+}
+
 // Start runs the health listener of a process of component ("worker",
 // "discovery") until ctx ends: matbus_ready{component} on reg, Serve on
-// addr (empty: no listener), and a warning every 30 s (the first after
+// o.Addr (empty: no listener), and a warning every 30 s (the first after
 // 10 s) while ready fails.
-func Start(ctx context.Context, addr, component string, ready Readiness, reg *prometheus.Registry, profiling bool, log *slog.Logger) error {
+func Start(ctx context.Context, o Options, component string, ready Readiness, reg *prometheus.Registry, log *slog.Logger) error {
 	ReadyMetric(reg, component, ready.Err)
-	if err := Serve(ctx, addr, ready.Err, reg, profiling, log); err != nil {
+	if err := Serve(ctx, o.Addr, ready.Err, reg, o.Profiling, log); err != nil {
 		return err
 	}
 	go WarnWhileUnready(ctx, ready, 10*time.Second, 30*time.Second, log)
