@@ -5,6 +5,9 @@
 // `plan` and `status` are the operator tools of package operator. It holds
 // wiring, not business logic: each subcommand reads its flags, converts
 // them once to its packages' configurations (workerOpts.config,
-// schedOpts.publisherConfig, ...) and calls them; readiness, metrics and
-// the health listener are package internal/health's.
+// schedOpts.publisherConfig, ...) and calls them. Readiness, metrics and
+// the health listener are package internal/health's; reading flags from
+// the environment internal/cliflag's; the NATS connection
+// internal/natsconn's; the Kubernetes client configuration
+// internal/kubeconn's.
 package main
