@@ -25,7 +25,7 @@ func TestKubeRateFlags(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			return nil, err
 		}
-		return &o, o.Validate()
+		return &o, asUsage(o.Validate)()
 	}
 	o, err := parse()
 	if err != nil {
