@@ -84,6 +84,10 @@ type CheckConfig struct {
 	NewClient func(url string) (StatusClient, error)
 	// Log receives discovery's warnings; nil discards them.
 	Log *slog.Logger
+	// KubeWarnings returns the distinct warnings the API server gave Kube's
+	// requests of a verb and resource (kubeconn.Warnings.Seen); nil: not
+	// known, and the externalIPs deprecation row is left out.
+	KubeWarnings func(verb, resource string) []string
 }
 
 // checker runs the pre-flight checks of one Check call.
@@ -492,6 +496,7 @@ func (c *checker) checkExternalIPs(ctx context.Context, ips []serviceIP) {
 	switch {
 	case err == nil:
 		c.add(name, CheckOK, "a dry-run create with spec.externalIPs [%s] was accepted", ip)
+		c.checkExternalIPsDeprecated(needed)
 	case c.createAllowed(ctx):
 		hint := ""
 		if !needed {
@@ -500,6 +505,32 @@ func (c *checker) checkExternalIPs(ctx context.Context, ips []serviceIP) {
 		c.add(name, fail, "a dry-run create with spec.externalIPs [%s] was refused, e.g. by the DenyServiceExternalIPs admission plugin%s: %v", ip, hint, err)
 	default:
 		c.add(name, CheckWarn, "cannot tell: Services may not be created (see RBAC): %v", err)
+	}
+}
+
+// checkExternalIPsDeprecated reports whether the API server warned about
+// spec.externalIPs on the dry-run create (Kubernetes 1.36 deprecated the
+// field, KEP-5707): kube-proxy may stop implementing it, and every BMC
+// Service of external-ip mode would then stop routing.
+func (c *checker) checkExternalIPsDeprecated(needed bool) {
+	const name = "externalIPs deprecation"
+	if c.cfg.KubeWarnings == nil {
+		return
+	}
+	var warned string
+	for _, w := range c.cfg.KubeWarnings("create", "services") {
+		if strings.Contains(w, "externalIPs") {
+			warned = w
+			break
+		}
+	}
+	switch {
+	case warned == "":
+		c.add(name, CheckOK, "the API server gave no warning for spec.externalIPs")
+	case needed:
+		c.add(name, CheckWarn, "the API server warns %q: where kube-proxy stops implementing externalIPs, every BMC Service of external-ip mode stops routing (docs/configuration.md, --bmc-ip-mode)", warned)
+	default:
+		c.add(name, CheckOK, "the API server warns %q; cluster-ip mode does not use externalIPs", warned)
 	}
 }
 

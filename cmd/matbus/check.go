@@ -2,15 +2,14 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/internal/cliflag"
+	"github.com/matbus/matbus/internal/kubeconn"
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/operator"
 	"github.com/matbus/matbus/worker"
@@ -53,11 +52,16 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		LeaderElect:    d.leaderElect,
 		LeaseNamespace: d.leaseNamespace,
 		LeaseName:      d.leaseName,
-		KubeEvents:     flagBool(fs, "kube-events", true),
+		KubeEvents:     w.kubeEvents, // --kube-events, registered by the worker's flags
 		NewClient:      func(url string) (operator.StatusClient, error) { return matclient.New(url, mcfg) },
 		Log:            log,
 	}
-	if rc, err := k.restConfig(ctx, log); err != nil {
+	// The API server's warnings on check's own dry-run create are a row
+	// of the report, not a log line above it.
+	k.Warnings = kubeconn.NewWarnings(nil)
+	rc, err := k.restConfig(ctx, log)
+	cfg.KubeWarnings = k.Warnings.Seen
+	if err != nil {
 		cfg.KubeErr = err
 	} else {
 		cfg.KubeHost = rc.Host
@@ -76,18 +80,4 @@ func runCheck(ctx context.Context, args []string, e env) error {
 	}
 	fmt.Fprintln(e.stdout, "\nno problem found.")
 	return nil
-}
-
-// flagBool is the value of the boolean flag name of fs, def when fs has no
-// such flag.
-func flagBool(fs *flag.FlagSet, name string, def bool) bool {
-	f := fs.Lookup(name)
-	if f == nil {
-		return def
-	}
-	v, err := strconv.ParseBool(f.Value.String())
-	if err != nil {
-		return def
-	}
-	return v
 }

@@ -104,6 +104,8 @@ func TestCheck(t *testing.T) {
 			{"MAT status default.mat-a", "ok", "6 BMC and 1 NVOS Services"},
 			{"IPs vs service range (external-ip)", "ok", "all 7 IPs outside"},
 			{"externalIPs admitted", "ok", ""},
+			// The API server of the tests (v1.37) deprecates the field.
+			{"externalIPs deprecation", "warn", "spec.externalIPs is deprecated"},
 		}},
 		{"external-ip, DenyServiceExternalIPs", deny, ns.ClientURL(), "external-ip", 1, []want{
 			{"IPs vs service range (external-ip)", "ok", ""},

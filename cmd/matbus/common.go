@@ -209,8 +209,12 @@ func (o *kubeOpts) register(fs *flag.FlagSet) {
 }
 
 // restConfig is kubeconn.RESTConfig of o; it keeps the adaptive limiter
-// in o.limiter for its metrics.
+// in o.limiter for its metrics, and reports the API server's warnings to
+// log (o.Warnings).
 func (o *kubeOpts) restConfig(ctx context.Context, log *slog.Logger) (*rest.Config, error) {
+	if o.Warnings == nil {
+		o.Warnings = kubeconn.NewWarnings(log)
+	}
 	cfg, l, err := kubeconn.RESTConfig(ctx, o.Config, log)
 	o.limiter = l
 	return cfg, err
@@ -223,10 +227,14 @@ func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) { return kubecon
 
 // registerMetrics registers the adaptive limiter's metrics
 // (matbus_kube_rate_*, matbus_kube_inflight*, matbus_kube_apf_responses_total;
-// see kuberate.Limiter.Collector) with reg; nothing with --kube-rate=fixed.
+// see kuberate.Limiter.Collector; nothing with --kube-rate=fixed) and
+// matbus_kube_warnings_total with reg.
 func (o *kubeOpts) registerMetrics(reg prometheus.Registerer) {
 	if o.limiter != nil {
 		reg.MustRegister(o.limiter.Collector("matbus"))
+	}
+	if o.Warnings != nil {
+		reg.MustRegister(o.Warnings.Collector())
 	}
 }
 

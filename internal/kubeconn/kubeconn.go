@@ -47,6 +47,9 @@ type Config struct {
 	Compression bool
 	// UserAgent is every request's User-Agent, e.g. "matbus/v1.2.0".
 	UserAgent string
+	// Warnings, when set, reports the API server's warnings (logged once
+	// each, counted); nil drops them.
+	Warnings *Warnings
 }
 
 // AddFlags registers the --kubeconfig, --kube-rate, --kube-qps,
@@ -136,8 +139,12 @@ func Apply(cfg *rest.Config, c Config) *kuberate.Limiter {
 		}
 	}
 	cfg.UserAgent = c.UserAgent
-	// client-go prints API warnings to stderr by default, which breaks JSON logs.
+	// client-go prints API warnings to stderr by default, which breaks JSON
+	// logs: they go to the process's log and metrics instead.
 	cfg.WarningHandler = rest.NoWarnings{}
+	if c.Warnings != nil {
+		c.Warnings.Install(cfg)
+	}
 	// Protobuf for built-in types (Services, Leases, Deployments) costs the
 	// API server and matbus far less CPU than JSON, as for Kubernetes' own
 	// controllers; JSON stays accepted.
