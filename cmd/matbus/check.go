@@ -65,7 +65,7 @@ func runCheck(ctx context.Context, args []string, e env) error {
 		cfg.KubeErr = err
 	} else {
 		cfg.KubeHost = rc.Host
-		cfg.Kube, cfg.KubeErr = kubeClient(rc)
+		cfg.Kube, cfg.KubeErr = kubeconn.Client(rc)
 	}
 	if d.isStatic() {
 		if cfg.Static, err = d.source(nil, w.namespace, log, nil); err != nil {

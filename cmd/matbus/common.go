@@ -72,7 +72,7 @@ func (o *natsOpts) validate() error {
 // bad escape in a password): `invalid --nats-url "nats://***@h:4222":
 // invalid userinfo`.
 func validURL(flagName, raw string) error {
-	if err := natsconn.ValidURL(flagName, raw); err != nil {
+	if err := redact.ValidURL(flagName, raw); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	return nil
@@ -222,8 +222,6 @@ func (o *kubeOpts) restConfig(ctx context.Context, log *slog.Logger) (*rest.Conf
 
 // apply is kubeconn.Apply of o; it keeps the adaptive limiter in o.limiter.
 func (o *kubeOpts) apply(cfg *rest.Config) { o.limiter = kubeconn.Apply(cfg, o.Config) }
-
-func kubeClient(cfg *rest.Config) (kubernetes.Interface, error) { return kubeconn.Client(cfg) }
 
 // registerMetrics registers the adaptive limiter's metrics
 // (matbus_kube_rate_*, matbus_kube_inflight*, matbus_kube_apf_responses_total;

@@ -243,7 +243,7 @@ func (o *discoveryOpts) kubeClient(ctx context.Context, k *kubeOpts, log *slog.L
 		return nil, err
 	}
 	cfg.UserAgent = kubeconn.UserAgent(version, "discovery", cmp.Or(o.ident, hostname()))
-	return kubeClient(cfg)
+	return kubeconn.Client(cfg)
 }
 
 // leaderConfig is the leader election's configuration from the flags.

@@ -55,7 +55,7 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	if err != nil {
 		return err
 	}
-	kube, err := kubeClient(cfg)
+	kube, err := kubeconn.Client(cfg)
 	if err != nil {
 		return err
 	}

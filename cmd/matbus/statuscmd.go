@@ -67,7 +67,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 	cfg := operator.StatusConfig{Bus: bus, ManagedBy: w.managedBy, SourcesURL: sourcesURL, ErrorsSince: since}
 	if rc, err := k.restConfig(ctx, log); err != nil {
 		cfg.KubeErr = err
-	} else if cfg.Kube, err = kubeClient(rc); err != nil {
+	} else if cfg.Kube, err = kubeconn.Client(rc); err != nil {
 		cfg.KubeErr = err
 	} else if err := kubeconn.Reachable(ctx, cfg.Kube, rc.Host, reachWait); err != nil {
 		cfg.Kube, cfg.KubeErr = nil, err

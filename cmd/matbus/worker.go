@@ -219,12 +219,12 @@ func runWorker(ctx context.Context, args []string, e env) error {
 	// matbus_kube_requests_total, which counts the work's requests only.
 	probeCfg := rest.CopyConfig(cfg)
 	probeCfg.UserAgent = kubeconn.UserAgent(version, "worker", o.workerName(), "readiness")
-	probeKube, err := kubeClient(probeCfg)
+	probeKube, err := kubeconn.Client(probeCfg)
 	if err != nil {
 		return err
 	}
 	health.CountKubeRequests(cfg, reg)
-	kube, err := kubeClient(cfg)
+	kube, err := kubeconn.Client(cfg)
 	if err != nil {
 		return err
 	}

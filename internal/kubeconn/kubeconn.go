@@ -141,9 +141,10 @@ func Apply(cfg *rest.Config, c Config) *kuberate.Limiter {
 	cfg.UserAgent = c.UserAgent
 	// client-go prints API warnings to stderr by default, which breaks JSON
 	// logs: they go to the process's log and metrics instead.
-	cfg.WarningHandler = rest.NoWarnings{}
 	if c.Warnings != nil {
 		c.Warnings.Install(cfg)
+	} else {
+		cfg.WarningHandler = rest.NoWarnings{}
 	}
 	// Protobuf for built-in types (Services, Leases, Deployments) costs the
 	// API server and matbus far less CPU than JSON, as for Kubernetes' own

@@ -63,20 +63,9 @@ func (c *Config) Validate() error {
 		if !strings.HasPrefix(u, "nats://") && !strings.HasPrefix(u, "tls://") {
 			return fmt.Errorf("--nats-url %q: want nats://host:port or tls://host:port", redact.StripUserInfoLoose(u))
 		}
-		if err := ValidURL("--nats-url", u); err != nil {
+		if err := redact.ValidURL("--nats-url", u); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// ValidURL is the error of a URL flag net/url cannot parse; it names the
-// URL without its user info and never quotes a piece of it (a space or
-// bad escape in a password): `invalid --nats-url "nats://***@h:4222":
-// invalid userinfo`.
-func ValidURL(flagName, raw string) error {
-	if _, err := redact.ParseURL(raw); err != nil {
-		return fmt.Errorf("invalid %s %v", flagName, err)
 	}
 	return nil
 }

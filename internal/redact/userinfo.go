@@ -157,3 +157,14 @@ func urlReason(err error) string {
 	}
 	return StripUserInfo(reason)
 }
+
+// ValidURL is the error of a URL flag net/url cannot parse; it names the
+// URL without its user info and never quotes a piece of it (a space or
+// bad escape in a password): `invalid --nats-url "nats://***@h:4222":
+// invalid userinfo`.
+func ValidURL(flagName, raw string) error {
+	if _, err := ParseURL(raw); err != nil {
+		return fmt.Errorf("invalid %s %v", flagName, err)
+	}
+	return nil
+}
