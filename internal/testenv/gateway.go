@@ -48,11 +48,23 @@ type Gateway struct {
 // start-up (polls before a set is taken). It is stopped by t.Cleanup (or
 // Stop).
 func StartGateway(t testing.TB, url string, every time.Duration, startPolls int) *Gateway {
-	g := &Gateway{url: url, every: every, stop: make(chan struct{}), done: make(chan struct{})}
-	go g.run(startPolls)
+	g := RunGateway(url, every, startPolls)
 	t.Cleanup(g.Stop)
 	return g
 }
+
+// RunGateway is StartGateway outside a test: the caller stops it, or waits
+// for Done. A program that stands in for the gateway in a pod uses it
+// (deploytest/gatewaystandin).
+func RunGateway(url string, every time.Duration, startPolls int) *Gateway {
+	g := &Gateway{url: url, every: every, stop: make(chan struct{}), done: make(chan struct{})}
+	go g.run(startPolls)
+	return g
+}
+
+// Done is closed when the gateway stopped polling: after an exit (see
+// Exit) or Stop.
+func (g *Gateway) Done() <-chan struct{} { return g.done }
 
 // gatewayDoc is the part of the document the gateway reads.
 type gatewayDoc struct {
