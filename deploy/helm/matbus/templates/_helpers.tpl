@@ -283,4 +283,77 @@ readinessProbe:
 {{- if not .Values.image.repository }}
 {{- fail "image.repository is required" }}
 {{- end }}
+{{- with .Values.gateway }}
+{{- if .enabled }}
+{{- if not .image }}
+{{- fail "gateway.image is required when gateway.enabled is true: matbus ships no gateway image; name yours (registry/repository:tag)" }}
+{{- end }}
+{{- if not $.Values.discovery.sourceList.addr }}
+{{- fail "gateway.enabled needs the sources API: discovery.sourceList.addr must not be empty" }}
+{{- end }}
+{{- if and .tls.existingSecret .tls.certManager.enabled }}
+{{- fail "gateway.tls.existingSecret and gateway.tls.certManager.enabled are exclusive: give the one that makes the gateway's certificate" }}
+{{- end }}
+{{- if not (or .tls.existingSecret .tls.certManager.enabled) }}
+{{- fail "gateway.enabled needs a serving certificate: set gateway.tls.existingSecret or gateway.tls.certManager.enabled" }}
+{{- end }}
+{{- if and .tls.certManager.enabled (not .tls.certManager.issuerRef.name) }}
+{{- fail "gateway.tls.certManager.issuerRef.name is required when gateway.tls.certManager.enabled is true" }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The sources API URL the gateway polls: discovery.sourceList.addr as a
+loopback URL (discovery serves it as plain HTTP; an all-addresses listen
+address is reached on loopback).
+*/}}
+{{- define "matbus.gatewaySourcesURL" -}}
+{{- $addr := .Values.discovery.sourceList.addr -}}
+{{- $port := regexReplaceAll "^.*:" $addr "" -}}
+{{- $host := trimSuffix (printf ":%s" $port) $addr -}}
+{{- if has $host (list "" "0.0.0.0") }}{{ $host = "127.0.0.1" }}{{ else if eq $host "[::]" }}{{ $host = "[::1]" }}{{ end -}}
+http://{{ $host }}:{{ $port }}/v1/sources
+{{- end }}
+
+{{- define "matbus.gatewayName" -}}
+{{- printf "%s-gateway" (include "matbus.fullname" .) }}
+{{- end }}
+
+{{/* The Secret of the gateway's serving certificate. */}}
+{{- define "matbus.gatewayTLSSecret" -}}
+{{- default (printf "%s-tls" (include "matbus.gatewayName" .)) .Values.gateway.tls.existingSecret }}
+{{- end }}
+
+{{/*
+The service account token of the matbus container, as the API server's
+admission would mount it, for a pod with automountServiceAccountToken false
+(so that a second container gets no Kubernetes credentials).
+*/}}
+{{- define "matbus.kubeAPIAccessVolume" -}}
+- name: kube-api-access
+  projected:
+    defaultMode: 0444
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3607
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - key: ca.crt
+              path: ca.crt
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef:
+                apiVersion: v1
+                fieldPath: metadata.namespace
+{{- end }}
+
+{{- define "matbus.kubeAPIAccessMount" -}}
+- name: kube-api-access
+  mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+  readOnly: true
 {{- end }}
