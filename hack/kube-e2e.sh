@@ -11,7 +11,8 @@
 #      image builder and the pause program (tools/image), nats-server;
 #   3. builds the images (no registry is reachable): the pause image, the
 #      matbus image (a static matbus as deploy/Dockerfile's runtime stage has
-#      it; also the MAT simulator's) and a NATS image, with .bin/ociimage;
+#      it; also the MAT simulator's), a NATS image and a stand-in of the MAT
+#      protocol gateway (deploytest/gatewaystandin), with .bin/ociimage;
 #   4. starts, all under one run folder (mktemp -d /tmp/matbus-ke2e.XXXXXX):
 #      a private containerd (own root, state, socket, CNI config), a bridge
 #      mbke2e0 with the pod network 10.214.0.0/24 (gateway 10.214.0.1), a
@@ -53,6 +54,7 @@ node=matbus-ke2e
 pause_image=registry.k8s.io/pause:3.10
 matbus_image=docker.io/matbus/matbus:kube-e2e
 nats_image=docker.io/library/nats:kube-e2e
+gateway_image=docker.io/matbus/gateway-standin:kube-e2e
 # What a run may make outside its folder (containerd's shim sockets, CNI's
 # result cache, kubelet's legacy log links, the netns folder): removed at the
 # end when the run made them.
@@ -414,6 +416,12 @@ chmod 1777 "$r/tmp"
 cp "$bin/nats-server" "$r/usr/local/bin/nats-server"
 "$bin/ociimage" --rootfs "$r" --tag "$nats_image" --out "$img/nats.tar" --entrypoint /usr/local/bin/nats-server \
 	--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# gateway: the stand-in for the MAT protocol gateway (deploytest/gatewaystandin)
+# that the chart's gateway.* runs beside discovery in the scenario.
+r=$img/gateway-root
+mkdir -p "$r/usr/local/bin"
+run_waited env CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$r/usr/local/bin/gateway" ./deploytest/gatewaystandin
+"$bin/ociimage" --rootfs "$r" --tag "$gateway_image" --out "$img/gateway.tar" --entrypoint /usr/local/bin/gateway --user 65532:65532
 for t in "$img"/*.tar; do printf '   %s %s bytes\n' "$(basename "$t")" "$(stat -c %s "$t")"; done
 
 # --- 4. network and containerd --------------------------------------------------
@@ -515,7 +523,7 @@ for _ in $(seq 60); do "${ctr_a[@]}" version >/dev/null 2>&1 && break; sleep 0.5
 "${ctr_a[@]}" version >/dev/null || die "containerd did not start (logs/containerd.log)"
 "${ctr_a[@]}" plugins ls | awk '$2 == "cri" && $4 != "ok" {bad=1} $2 == "cri" {found=1} END {exit !(found && !bad)}' ||
 	die "containerd's CRI plugin is not loaded: $("${ctr_a[@]}" plugins ls | grep -w cri)"
-for t in pause matbus nats; do "${ctr_a[@]}" images import --no-unpack=false "$img/$t.tar" >/dev/null; done
+for t in pause matbus nats gateway; do "${ctr_a[@]}" images import --no-unpack=false "$img/$t.tar" >/dev/null; done
 "${ctr_a[@]}" images ls -q | grep -v '^sha256:' | sed 's/^/   image /'
 rm -rf "$img"
 
@@ -822,6 +830,7 @@ if [ "${KUBE_E2E_SKIP_SCENARIO:-}" = 1 ]; then
 elif [ -d deploytest/kubee2e ]; then
 	run_waited env MATBUS_KUBE_E2E=1 KUBECONFIG="$run/admin.kubeconfig" MATBUS_BIN_DIR="$bin" \
 		MATBUS_KUBE_E2E_IMAGE="$matbus_image" MATBUS_KUBE_E2E_NATS_IMAGE="$nats_image" \
+		MATBUS_KUBE_E2E_GATEWAY_IMAGE="$gateway_image" \
 		MATBUS_KUBE_E2E_SERVICE_CIDR="$service_cidr" \
 		go test -count=1 -v -timeout 30m ./deploytest/kubee2e/
 else

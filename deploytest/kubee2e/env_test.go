@@ -46,6 +46,7 @@ type config struct {
 	kubeconfig  string
 	image       string // the matbus image, also the MAT simulator's
 	natsImage   string
+	gateway     string // the stand-in of the MAT protocol gateway (deploytest/gatewaystandin)
 	serviceCIDR netip.Prefix
 	helm        string
 	root        string // the repository root
@@ -62,11 +63,12 @@ func loadConfig(t *testing.T) config {
 		kubeconfig: os.Getenv("KUBECONFIG"),
 		image:      os.Getenv("MATBUS_KUBE_E2E_IMAGE"),
 		natsImage:  os.Getenv("MATBUS_KUBE_E2E_NATS_IMAGE"),
+		gateway:    os.Getenv("MATBUS_KUBE_E2E_GATEWAY_IMAGE"),
 		root:       root,
 		keep:       os.Getenv("MATBUS_KUBE_E2E_KEEP") == "1",
 	}
 	var missing []string
-	for name, v := range map[string]string{"KUBECONFIG": c.kubeconfig, "MATBUS_KUBE_E2E_IMAGE": c.image, "MATBUS_KUBE_E2E_NATS_IMAGE": c.natsImage} {
+	for name, v := range map[string]string{"KUBECONFIG": c.kubeconfig, "MATBUS_KUBE_E2E_IMAGE": c.image, "MATBUS_KUBE_E2E_NATS_IMAGE": c.natsImage, "MATBUS_KUBE_E2E_GATEWAY_IMAGE": c.gateway} {
 		if v == "" {
 			missing = append(missing, name)
 		}
@@ -118,6 +120,11 @@ type e2e struct {
 	mats  []*mat // big, small
 	rec   *svcRecorder
 	steps []stepTime
+	// gw: each discovery pod's gateway container after the last step
+	// (restart count, last exit); bigGone: when step 4 deleted mat-big's
+	// Service (a change of the gateway's sources).
+	gw      map[string]gatewayPod
+	bigGone time.Time
 }
 
 type stepTime struct {

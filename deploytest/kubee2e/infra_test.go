@@ -98,6 +98,7 @@ type mat struct {
 	hosts  int
 	seed   int64
 	subnet netip.Prefix
+	empty  bool // no devices at all (hosts, switches and power shelves 0)
 
 	podIP    string
 	deploy   types.UID // the Deployment's UID (the owner of its BMC Services)
@@ -128,10 +129,18 @@ const (
 // matsimArgs sizes a fleet: hosts with one DPU each, one switch (a BMC and
 // an NVOS Service) and one power shelf: 2*hosts+3 Services.
 func (m *mat) args() []string {
-	return []string{"matsim", "--listen", "0.0.0.0:" + strconv.Itoa(matPort), "--tls",
+	others := "1"
+	if m.empty {
+		others = "0"
+	}
+	args := []string{"matsim", "--listen", "0.0.0.0:" + strconv.Itoa(matPort), "--tls",
 		"--tls-cert-file", "/etc/matsim/tls/tls.crt", "--tls-key-file", "/etc/matsim/tls/tls.key",
-		"--hosts", strconv.Itoa(m.hosts), "--dpus-per-host", "1", "--switches", "1", "--power-shelves", "1",
-		"--bmc-subnet", m.subnet.String(), "--seed", strconv.FormatInt(m.seed, 10)}
+		"--hosts", strconv.Itoa(m.hosts), "--dpus-per-host", "1", "--switches", others, "--power-shelves", others,
+		"--seed", strconv.FormatInt(m.seed, 10)}
+	if m.subnet.IsValid() {
+		args = append(args, "--bmc-subnet", m.subnet.String())
+	}
+	return args
 }
 
 // nvosMirror is where matsim puts the switches' NVOS IPs for a BMC subnet:
@@ -203,19 +212,25 @@ func (e *e2e) createMATCerts() {
 		e.t.Fatal(err)
 	}
 	for _, m := range e.mats {
-		certFile, keyFile := e.ca.WriteKeyPair(e.ca.Issue(m.host(), m.service()+"."+namespace+".svc", m.service()))
-		crt, err := os.ReadFile(certFile)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		key, err := os.ReadFile(keyFile)
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		if _, err := secrets.Create(e.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.name + "-tls"}, Type: corev1.SecretTypeTLS,
-			Data: map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": e.ca.PEM}}, metav1.CreateOptions{}); err != nil {
-			e.t.Fatal(err)
-		}
+		e.createMATCert(m)
+	}
+}
+
+// createMATCert makes m's serving certificate (Secret <name>-tls).
+func (e *e2e) createMATCert(m *mat) {
+	e.t.Helper()
+	certFile, keyFile := e.ca.WriteKeyPair(e.ca.Issue(m.host(), m.service()+"."+namespace+".svc", m.service()))
+	crt, err := os.ReadFile(certFile)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.kube.CoreV1().Secrets(namespace).Create(e.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: m.name + "-tls"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": e.ca.PEM}}, metav1.CreateOptions{}); err != nil {
+		e.t.Fatal(err)
 	}
 }
 

@@ -44,6 +44,10 @@ const (
 //  3. helm install: every pod ready, every BMC its Service exactly as
 //     matbus's own planner wants it, each Service's EndpointSlice lists
 //     its MAT pod;
+//     3b. a MAT instance added, then removed: the MAT protocol gateway
+//     beside every discovery replica (a stand-in, gateway_test.go) exits 3
+//     once per change and comes back; after every other step its restart
+//     counts are unchanged (one more in step 4, whose instance goes);
 //  4. a rollout restart of the workers during the 2,000-Service delete
 //     fan-out of a gone instance: nothing lost, nothing wrongly deleted;
 //  5. the discovery leader's pod deleted: another replica leads within
@@ -101,6 +105,7 @@ func TestKubeE2E(t *testing.T) {
 		}
 		e.chooseSubnets()
 		e.createMATCerts()
+		e.createGatewayTLS()
 		for _, m := range e.mats {
 			e.createMATDeployment(m)
 		}
@@ -174,20 +179,32 @@ func TestKubeE2E(t *testing.T) {
 			return len(why) == 0, strings.Join(why, " | ")
 		})
 		e.staysReady(15 * time.Second)
-		return fmt.Sprintf("install --wait %.1fs; %d Services as planned %.1fs later; EndpointSlices right %.1fs after that",
-			installed.Seconds(), total, converged.Seconds(), endpoints.Seconds())
+		e.gw = e.checkGatewayRestarts("3. helm install", nil)
+		return fmt.Sprintf("install --wait %.1fs; %d Services as planned %.1fs later; EndpointSlices right %.1fs after that; gateway restarts %s",
+			installed.Seconds(), total, converged.Seconds(), endpoints.Seconds(), gatewayLine(e.gw))
+	})
+
+	e.step("3b. a MAT instance added, then removed: every gateway restarts once per change", func() string {
+		return e.gatewayAddRemove()
 	})
 
 	e.step("4. rollout restart of the workers during a 2,000-Service delete fan-out", func() string {
-		return e.restartDuringFanOut(big, small)
+		note := e.restartDuringFanOut(big, small)
+		// The instance's Service is gone: one change of the gateway's sources.
+		e.gw = e.waitGatewayRestart("4. rollout restart during the fan-out ("+big.service()+" deleted)", big.service(), false, e.bigGone, e.gw)
+		return note + "; gateway restarts " + gatewayLine(e.gw)
 	})
 
 	e.step("5. the discovery leader's pod deleted", func() string {
-		return e.leaderFailover()
+		note := e.leaderFailover()
+		e.gw = e.checkGatewayRestarts("5. the leader's pod deleted", e.gw)
+		return note + "; gateway restarts " + gatewayLine(e.gw)
 	})
 
 	e.step("6. NATS scaled to 0 and back to 1", func() string {
-		return e.natsOutage(small)
+		note := e.natsOutage(small)
+		e.gw = e.checkGatewayRestarts("6. NATS scaled to 0 and back", e.gw)
+		return note + "; gateway restarts " + gatewayLine(e.gw)
 	})
 
 	e.step("7. helm upgrade, helm test, helm uninstall", func() string {
@@ -220,6 +237,7 @@ func (e *e2e) chartArgs() []string {
 	repo, tag, digest := splitImage(e.cfg.image)
 	args := []string{"--values", filepath.Join("deploytest", "kubee2e", "testdata", "values.yaml"),
 		"--set", "image.repository=" + repo,
+		"--set", "gateway.image=" + e.cfg.gateway,
 		"--set", "nats.url=nats://nats." + namespace + ".svc.cluster.local:4222",
 		"--set", "worker.serviceCIDR={" + e.cfg.serviceCIDR.String() + "}"}
 	if tag != "" {
@@ -320,6 +338,7 @@ func (e *e2e) restartDuringFanOut(big, small *mat) string {
 		t.Fatal(err)
 	}
 	gone := time.Now()
+	e.bigGone = gone
 	if err := e.kube.CoreV1().Services(namespace).Delete(ctx, big.service(), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -754,6 +773,7 @@ func (e *e2e) upgradeTestUninstall(small *mat) string {
 	e.checkReleasePods(2, 3)
 	t.Logf("upgrade --wait returned after %.1fs; both rollouts done %.1fs after the upgrade began", upgraded.Seconds(), time.Since(start).Seconds())
 	e.staysReady(30 * time.Second)
+	e.gw = e.checkGatewayRestarts("7. helm upgrade", e.gw)
 	ps, err := e.pods(instanceSel)
 	if err != nil {
 		t.Fatal(err)
