@@ -56,10 +56,10 @@ func TestChartRendersExpectedObjects(t *testing.T) {
 		"default": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "Pod/matbus-test-readiness",
 			"PodDisruptionBudget/matbus-discovery", "Role/matbus", "RoleBinding/matbus",
 			"Secret/matbus-nats", "Service/matbus-metrics", "ServiceAccount/matbus"},
-		"all-features": {"ConfigMap/matbus-dashboard", "Deployment/matbus-discovery", "Deployment/matbus-worker", "NetworkPolicy/matbus",
+		"all-features": {"Certificate/matbus-gateway", "ConfigMap/matbus-dashboard", "ConfigMap/matbus-gateway", "Deployment/matbus-discovery", "Deployment/matbus-worker", "NetworkPolicy/matbus",
 			"Pod/matbus-test-readiness", "PodDisruptionBudget/matbus-discovery",
 			"PodDisruptionBudget/matbus-worker", "PrometheusRule/matbus", "Role/matbus", "RoleBinding/matbus", "ScaledObject/matbus-worker",
-			"Secret/matbus-nats", "Secret/matbus-nats-discovery", "Secret/matbus-nats-worker", "Service/matbus-metrics", "ServiceAccount/matbus", "ServiceMonitor/matbus"},
+			"Secret/matbus-nats", "Secret/matbus-nats-discovery", "Secret/matbus-nats-worker", "Service/matbus-gateway", "Service/matbus-metrics", "ServiceAccount/matbus", "ServiceMonitor/matbus"},
 		"hpa": {"Deployment/matbus-discovery", "Deployment/matbus-worker", "HorizontalPodAutoscaler/matbus-worker",
 			"Pod/matbus-test-readiness", "PodDisruptionBudget/matbus-discovery",
 			"Role/matbus", "RoleBinding/matbus", "Service/matbus-metrics", "ServiceAccount/matbus"},
@@ -234,6 +234,10 @@ func TestChartServerDryRun(t *testing.T) {
 						t.Logf("skipped %s %s: the KEDA CRD is not installed in the test API server (not vendored); its content is checked by TestChartKEDAScalesOnSyncConsumer", gvk.Kind, o.GetName())
 						continue
 					}
+					if gvk.Group == "cert-manager.io" && errors.As(err, &nm) {
+						t.Logf("skipped %s %s: the cert-manager CRDs are not installed in the test API server (not vendored); TestChartGateway checks its content", gvk.Kind, o.GetName())
+						continue
+					}
 					if gvk.Group == "monitoring.coreos.com" && errors.As(err, &nm) {
 						t.Logf("skipped %s %s: the prometheus-operator CRDs are not installed in the test API server (not vendored); TestChartMonitoring checks its content", gvk.Kind, o.GetName())
 						continue
@@ -348,11 +352,18 @@ func (c containerInfo) envNames() []string {
 	return out
 }
 
+// container returns the matbus container of a Deployment: its first one
+// (the discovery pods may have the gateway as a second one).
 func container(t *testing.T, dep *unstructured.Unstructured) containerInfo {
 	t.Helper()
 	cs, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "containers")
-	if len(cs) != 1 {
-		t.Fatalf("%s: want one container, got %d", dep.GetName(), len(cs))
+	if len(cs) == 0 {
+		t.Fatalf("%s: no container", dep.GetName())
+	}
+	for _, c := range cs[1:] {
+		if n := c.(map[string]any)["name"]; n != "gateway" || !strings.HasSuffix(dep.GetName(), "-discovery") {
+			t.Fatalf("%s: container %v besides the matbus container", dep.GetName(), n)
+		}
 	}
 	c := cs[0].(map[string]any)
 	var info containerInfo
@@ -378,6 +389,8 @@ func TestChartSchemaRejectsBadValues(t *testing.T) {
 		"nats.streamReplicas=0", "nats.streamReplicas=6", "nats.tls.enabled=yes",
 		"worker.matCA.key=../ca.crt", "worker.matCA.secret=true",
 		"worker.deleteHold.share=0", "worker.deleteHold.share=1.5", "worker.deleteHold.window=soon",
+		"gateway.listenIpAddress=localhost", "gateway.port=0", "gateway.enabled=yes", "gateway.image=a b",
+		"gateway.tls.certManager.duration=90d", "gateway.mountPath=etc/gw",
 	} {
 		key, _, _ := strings.Cut(set, "=")
 		want := "/" + strings.ReplaceAll(key, ".", "/")
