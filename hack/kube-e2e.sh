@@ -832,7 +832,10 @@ elif [ -d deploytest/kubee2e ]; then
 		MATBUS_KUBE_E2E_IMAGE="$matbus_image" MATBUS_KUBE_E2E_NATS_IMAGE="$nats_image" \
 		MATBUS_KUBE_E2E_GATEWAY_IMAGE="$gateway_image" \
 		MATBUS_KUBE_E2E_SERVICE_CIDR="$service_cidr" \
-		go test -count=1 -v -timeout 30m ./deploytest/kubee2e/
+		go test -count=1 -v -timeout 30m ./deploytest/kubee2e/ > >(tee "$run/logs/scenario.log") 2>&1
+	# The gateway sidecars' restart counts after each step (each discovery
+	# pod's gateway container; deploytest/kubee2e/gateway_test.go).
+	grep -o 'gateway restarts: after .*' "$run/logs/scenario.log" | while IFS= read -r l; do log "$l"; done || true
 else
 	log "deploytest/kubee2e does not exist yet: no scenario run (the node came up and passed its checks)"
 fi

@@ -71,7 +71,7 @@ func run(log *slog.Logger, path string, every time.Duration, startPolls int) (in
 	log.Info("polling the sources API", "url", url, "every", every, "start_polls", startPolls)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	logged := false
 	for {
