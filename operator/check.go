@@ -469,8 +469,57 @@ func (c *checker) checkRanges(ips []serviceIP, cidrs []netip.Prefix) {
 			len(bad), len(ips), strings.Join(ex, ", "))
 		return
 	}
-	c.add(name, CheckFail, "%d of %d IPs outside the service range (creates are refused; use --bmc-ip-mode=external-ip): %s",
-		len(bad), len(ips), strings.Join(ex, ", "))
+	var outside []netip.Addr
+	for _, s := range ips {
+		if !in(s.ip) {
+			outside = append(outside, s.ip)
+		}
+	}
+	c.add(name, CheckFail, "%d of %d IPs outside the service range (creates are refused): %s; create a ServiceCIDR (networking.k8s.io/v1, one per network) for each of %s (or larger, for growth; the chart's serviceCIDR values do it), or use --bmc-ip-mode=external-ip",
+		len(bad), len(ips), strings.Join(ex, ", "), prefixes(CoveringPrefixes(outside)))
+}
+
+// CoveringPrefixes returns, for addresses, the smallest prefixes that
+// cover them network by network: the addresses are grouped by their /16
+// (IPv4) or /48 (IPv6), and each group gets the longest prefix that holds
+// its lowest and highest address. The result is sorted and holds each
+// prefix once; each is a candidate spec.cidrs entry of a ServiceCIDR (one
+// CIDR per family per object). No addresses give nil.
+func CoveringPrefixes(addrs []netip.Addr) []netip.Prefix {
+	type span struct{ lo, hi netip.Addr }
+	groups := map[netip.Prefix]*span{}
+	for _, a := range addrs {
+		a = a.Unmap()
+		bits := 16
+		if a.Is6() {
+			bits = 48
+		}
+		g, _ := a.Prefix(bits)
+		sp := groups[g]
+		if sp == nil {
+			groups[g] = &span{a, a}
+			continue
+		}
+		if a.Less(sp.lo) {
+			sp.lo = a
+		}
+		if sp.hi.Less(a) {
+			sp.hi = a
+		}
+	}
+	var out []netip.Prefix
+	for _, sp := range groups {
+		bits := sp.lo.BitLen()
+		for ; bits > 0; bits-- {
+			if p, _ := sp.lo.Prefix(bits); p.Contains(sp.hi) {
+				break
+			}
+		}
+		p, _ := sp.lo.Prefix(bits)
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Addr().Less(out[j].Addr()) })
+	return out
 }
 
 // checkExternalIPs asks for a server-side dry-run create of a Service with

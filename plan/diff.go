@@ -481,6 +481,9 @@ func overlay(n, want *corev1.Service, mode IPMode) {
 	n.Spec.ExternalIPs = slices.DeleteFunc(n.Spec.ExternalIPs, func(s string) bool { return s == ip })
 	if len(n.Spec.ExternalIPs) == 0 {
 		n.Spec.ExternalIPs = nil
+		// The API server set it when the Service had externalIPs (external-ip
+		// mode) and refuses it on a Service that no longer does.
+		n.Spec.ExternalTrafficPolicy = ""
 	}
 }
 

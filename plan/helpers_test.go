@@ -168,7 +168,22 @@ func (a *fakeAPI) create(s *corev1.Service) {
 	n.Spec.IPFamilyPolicy = new(corev1.IPFamilyPolicySingleStack)
 	n.Spec.SessionAffinity = corev1.ServiceAffinityNone
 	n.Spec.InternalTrafficPolicy = new(corev1.ServiceInternalTrafficPolicyCluster)
+	a.trafficPolicy(n, "create")
 	a.svcs[n.Name] = n
+}
+
+// trafficPolicy defaults and validates spec.externalTrafficPolicy as the
+// API server does: Cluster on an externally accessible Service (external
+// IPs, NodePort, LoadBalancer), refused on any other.
+func (a *fakeAPI) trafficPolicy(n *corev1.Service, verb string) {
+	a.t.Helper()
+	external := len(n.Spec.ExternalIPs) > 0 || n.Spec.Type == corev1.ServiceTypeNodePort || n.Spec.Type == corev1.ServiceTypeLoadBalancer
+	switch {
+	case external && n.Spec.ExternalTrafficPolicy == "":
+		n.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	case !external && n.Spec.ExternalTrafficPolicy != "":
+		a.t.Fatalf("%s %s: spec.externalTrafficPolicy %q may only be set for externally-accessible services", verb, n.Name, n.Spec.ExternalTrafficPolicy)
+	}
 }
 
 func (a *fakeAPI) update(u Update) {
@@ -184,6 +199,7 @@ func (a *fakeAPI) update(u Update) {
 	}
 	n := u.New.DeepCopy()
 	n.ResourceVersion = strconv.Itoa(a.next())
+	a.trafficPolicy(n, "update")
 	a.svcs[n.Name] = n
 }
 

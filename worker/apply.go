@@ -440,14 +440,16 @@ func (w *Worker) convergeTo(ctx context.Context, want, cur *corev1.Service) erro
 // recreate replaces old by want when an immutable field (spec.clusterIP)
 // changed: delete old with its UID as precondition, then create want. A new
 // cluster IP known to lie outside the service range is refused before
-// anything is deleted (errOutsideRange), so old keeps serving its IP. If
+// anything is deleted (errOutsideRange), so old keeps serving its IP; ranges
+// listed from the API are listed again first, so a ServiceCIDR created since
+// is used without a restart. If
 // the create is refused permanently otherwise, the old Service is put back
 // (without its UID) so the BMC stays reachable at its previous IP, and the
 // error is returned.
 func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error {
-	if ip := want.Spec.ClusterIP; w.cfg.Classifier.OutsideRange(ip) {
-		return fmt.Errorf("cluster IP %s: %w %v (use --bmc-ip-mode=external-ip?); %s/%s keeps %s",
-			ip, errOutsideRange, w.cfg.Classifier.ServiceCIDRs, old.Namespace, old.Name, old.Spec.ClusterIP)
+	if ip := want.Spec.ClusterIP; w.cfg.Classifier.OutsideRange(ctx, ip) {
+		return fmt.Errorf("cluster IP %s: %w %v (create a ServiceCIDR that covers it, or use --bmc-ip-mode=external-ip); %s/%s keeps %s",
+			ip, errOutsideRange, w.cfg.Classifier.Prefixes(), old.Namespace, old.Name, old.Spec.ClusterIP)
 	}
 	svcs := w.kube.CoreV1().Services(old.Namespace)
 	uid := old.UID

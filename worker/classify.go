@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/netip"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -46,7 +44,20 @@ func (c Class) String() string {
 // "IP already allocated" 422 (the IP is inside a service range: wait for it
 // to be released) from an out-of-range one (permanent).
 type Classifier struct {
+	// ServiceCIDRs are fixed ranges (--service-cidr).
 	ServiceCIDRs []netip.Prefix
+	// Ranges, when set, replaces ServiceCIDRs: the ranges listed from the
+	// ServiceCIDR objects and listed again when an IP lies outside them.
+	Ranges *ServiceRanges
+}
+
+// ranges returns the ranges known now, for an IP: listed again first when
+// ip lies outside them and they come from the API (see ServiceRanges).
+func (c Classifier) ranges(ctx context.Context, ip netip.Addr) []netip.Prefix {
+	if c.Ranges != nil {
+		return c.Ranges.For(ctx, ip)
+	}
+	return c.ServiceCIDRs
 }
 
 // Classify returns the class of err, seen while writing svc (may be nil),
@@ -78,13 +89,14 @@ func (c Classifier) Classify(ctx context.Context, err error, svc *corev1.Service
 		return Permanent, "unauthorized: the API server rejected matbus's credentials: " + err.Error()
 	case apierrors.IsInvalid(err):
 		if ip, ok := clusterIPCause(st, svc); ok {
-			if c.inRange(ip) {
+			cidrs := c.ranges(ctx, ip)
+			if inRange(cidrs, ip) {
 				return Transient, fmt.Sprintf("cluster IP %s is allocated to another Service: %v", ip, err)
 			}
-			if len(c.ServiceCIDRs) == 0 {
+			if len(cidrs) == 0 {
 				return Transient, fmt.Sprintf("cluster IP %s refused (service range unknown, retrying): %v", ip, err)
 			}
-			return Permanent, fmt.Sprintf("cluster IP %s is outside the service range %v (use --bmc-ip-mode=external-ip?): %v", ip, c.ServiceCIDRs, err)
+			return Permanent, fmt.Sprintf("cluster IP %s is outside the service range %v (create a ServiceCIDR that covers it, or use --bmc-ip-mode=external-ip): %v", ip, cidrs, err)
 		}
 		return Permanent, "invalid: " + err.Error()
 	}
@@ -92,14 +104,27 @@ func (c Classifier) Classify(ctx context.Context, err error, svc *corev1.Service
 }
 
 // OutsideRange reports whether ip is known to lie outside every service
-// CIDR: false when ServiceCIDRs is empty or ip is not an IP address.
-func (c Classifier) OutsideRange(ip string) bool {
+// range: false when the ranges are unknown or ip is not an IP address.
+// Listed ranges are listed again first (see ServiceRanges).
+func (c Classifier) OutsideRange(ctx context.Context, ip string) bool {
 	a, err := netip.ParseAddr(ip)
-	return err == nil && len(c.ServiceCIDRs) > 0 && !c.inRange(a)
+	if err != nil {
+		return false
+	}
+	cidrs := c.ranges(ctx, a)
+	return len(cidrs) > 0 && !inRange(cidrs, a)
 }
 
-func (c Classifier) inRange(ip netip.Addr) bool {
-	for _, p := range c.ServiceCIDRs {
+// Prefixes returns the ranges known now, without listing them again.
+func (c Classifier) Prefixes() []netip.Prefix {
+	if c.Ranges != nil {
+		return c.Ranges.Prefixes()
+	}
+	return c.ServiceCIDRs
+}
+
+func inRange(cidrs []netip.Prefix, ip netip.Addr) bool {
+	for _, p := range cidrs {
 		if p.Contains(ip) {
 			return true
 		}
@@ -151,7 +176,8 @@ func ParseCIDRs(ss []string) ([]netip.Prefix, error) {
 }
 
 // ServiceCIDRs lists the cluster's service IP ranges from its ServiceCIDR
-// objects (networking.k8s.io/v1), masked, in the API's order. An empty
+// objects (networking.k8s.io/v1) that are not being deleted, masked, in the
+// API's order. An empty
 // list with a nil error means the cluster has no such objects; the error
 // is the API's (e.g. forbidden, or an API server without ServiceCIDRs).
 func ServiceCIDRs(ctx context.Context, kube kubernetes.Interface) ([]netip.Prefix, error) {
@@ -161,6 +187,9 @@ func ServiceCIDRs(ctx context.Context, kube kubernetes.Interface) ([]netip.Prefi
 	}
 	var out []netip.Prefix
 	for _, sc := range list.Items {
+		if sc.DeletionTimestamp != nil {
+			continue // being deleted: the API server allocates nothing new from it
+		}
 		for _, c := range sc.Spec.CIDRs {
 			if p, err := netip.ParsePrefix(c); err == nil {
 				out = append(out, p.Masked())
@@ -168,18 +197,4 @@ func ServiceCIDRs(ctx context.Context, kube kubernetes.Interface) ([]netip.Prefi
 		}
 	}
 	return out, nil
-}
-
-// LookupServiceCIDRs is ServiceCIDRs within 5 s, logged: the ranges, or
-// nil and why they are unknown (then a refused cluster IP is retried).
-func LookupServiceCIDRs(ctx context.Context, kube kubernetes.Interface, log *slog.Logger) []netip.Prefix {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	out, err := ServiceCIDRs(ctx, kube)
-	if err != nil {
-		log.Info("service range unknown (set --service-cidr); a refused cluster IP will be retried", "error", err)
-		return nil
-	}
-	log.Info("service range", "cidrs", out)
-	return out
 }

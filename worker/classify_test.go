@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"net/netip"
 	"testing"
 )
@@ -20,7 +21,7 @@ func TestClassifierOutsideRange(t *testing.T) {
 		{c, "None", false},
 		{Classifier{}, "192.0.2.21", false}, // range unknown: never claimed outside
 	} {
-		if got := tc.c.OutsideRange(tc.ip); got != tc.want {
+		if got := tc.c.OutsideRange(context.Background(), tc.ip); got != tc.want {
 			t.Errorf("OutsideRange(%q) with %v = %v, want %v", tc.ip, tc.c.ServiceCIDRs, got, tc.want)
 		}
 	}

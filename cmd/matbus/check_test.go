@@ -113,6 +113,7 @@ func TestCheck(t *testing.T) {
 		}},
 		{"cluster-ip, IPs outside the range, DenyServiceExternalIPs", deny, ns.ClientURL(), "cluster-ip", 1, []want{
 			{"IPs vs service range (cluster-ip)", "FAIL", "7 of 7 IPs outside"},
+			{"IPs vs service range (cluster-ip)", "FAIL", "create a ServiceCIDR"},
 			{"externalIPs admitted", "warn", "not needed in cluster-ip mode"},
 		}},
 		{"NATS unreachable", open, "nats://127.0.0.1:1", "external-ip", 1, []want{

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -148,9 +147,11 @@ func (o *workerOpts) workerName() string {
 // given it asks the API server for its ServiceCIDR objects (it may be
 // forbidden; then allocation failures are treated as transient).
 func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes.Interface, log *slog.Logger) (*worker.Worker, *events.Reporter, error) {
-	cidrs, _ := worker.ParseCIDRs(o.serviceCIDRs)
-	if len(cidrs) == 0 {
-		cidrs = worker.LookupServiceCIDRs(ctx, kube, log)
+	var cls worker.Classifier
+	if cidrs, _ := worker.ParseCIDRs(o.serviceCIDRs); len(cidrs) > 0 {
+		cls.ServiceCIDRs = cidrs
+	} else {
+		cls.Ranges = worker.ListServiceRanges(ctx, kube, log)
 	}
 	rep := events.NewReporter(bus, log, o.workerName(), o.errorWindow)
 	kev, err := startKubeEvents(ctx, o.kubeEvents, kube, kubeevents.ControllerWorker, log)
@@ -160,7 +161,7 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 	mcfg := o.matConfig("matbus/" + version)
 	mcfg.BodyMaxAge = o.matBodyMaxAge
 	factory := func(url string) (worker.StatusClient, error) { return matclient.New(url, mcfg) }
-	w, err := worker.New(o.config(cidrs, kev), bus, kube, factory, rep, log)
+	w, err := worker.New(o.config(cls, kev), bus, kube, factory, rep, log)
 	if err == nil {
 		// A changed CA bundle has discovery probe the instances whose
 		// certificate was refused at once.
@@ -170,14 +171,15 @@ func (o *workerOpts) build(ctx context.Context, bus *events.Bus, kube kubernetes
 }
 
 // config is the worker's configuration from the flags (after validate):
-// cidrs is the service range, kev (may be nil) records Kubernetes Events.
-func (o *workerOpts) config(cidrs []netip.Prefix, kev *kubeevents.Recorder) worker.Config {
+// cls classifies API errors by the service range, kev (may be nil) records
+// Kubernetes Events.
+func (o *workerOpts) config(cls worker.Classifier, kev *kubeevents.Recorder) worker.Config {
 	return worker.Config{
 		Name: o.workerName(),
 		Plan: o.planOptions(),
 		Jobs: o.jobs, Fetches: o.fetches, DeleteJobs: o.deleteJobs, Concurrency: o.concurrency, RetryMaxElapsed: o.retryMaxElapsed, ShutdownGrace: o.grace,
 		InstanceResync: o.instanceResync,
-		Classifier:     worker.Classifier{ServiceCIDRs: cidrs},
+		Classifier:     cls,
 		Metrics:        o.metrics,
 		Events:         kev,
 		Hold:           o.holdRule(),
