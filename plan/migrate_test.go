@@ -51,3 +51,44 @@ func TestDiffExternalIPMigration(t *testing.T) {
 		}
 	}
 }
+
+// TestDiffClusterIPMigration: in cluster-ip mode a Service made in
+// external-ip mode (the BMC or NVOS IP in externalIPs, an allocated
+// clusterIP, and the externalTrafficPolicy the API server gave it) is
+// recreated with the IP as clusterIP, no externalIPs and no
+// externalTrafficPolicy, which the API server refuses on the create of a
+// ClusterIP Service without externalIPs; foreign metadata survives.
+func TestDiffClusterIPMigration(t *testing.T) {
+	ext := testOptions(IPModeExternalIP)
+	cip := testOptions(IPModeClusterIP)
+	inst := testInstance()
+	st := loadStatus(t, "v2-mixed.json")
+	d := Build(inst, st, cip)
+	old := Build(inst, st, ext)
+	var existing []*corev1.Service
+	var want []string
+	for i, s := range old.Services {
+		e := existingFrom(t, old, s.Name, "u"+s.Name)
+		e.Spec.ClusterIP = "10.0.9." + string(rune('1'+i%8))
+		e.Spec.ClusterIPs = []string{e.Spec.ClusterIP}
+		e.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+		e.Labels["example.com/team"] = "a"
+		existing = append(existing, e)
+		want = append(want, s.Name)
+	}
+	p := Diff(d, existing, cip)
+	slices.Sort(want)
+	if got := summarize(p); !reflect.DeepEqual(got, pn(nil, nil, want, nil, nil)) {
+		t.Fatalf("plan %+v", got)
+	}
+	for _, r := range p.Recreate {
+		ip := ServiceIP(r.Old)
+		if r.New.Spec.ClusterIP != ip || !slices.Equal(r.New.Spec.ClusterIPs, []string{ip}) || r.New.Spec.ExternalIPs != nil ||
+			r.New.Spec.ExternalTrafficPolicy != "" || r.New.Spec.Type != corev1.ServiceTypeClusterIP {
+			t.Errorf("%s: spec %+v", r.New.Name, r.New.Spec)
+		}
+		if r.New.Labels["example.com/team"] != "a" {
+			t.Errorf("%s: foreign labels lost: %v", r.New.Name, r.New.Labels)
+		}
+	}
+}
