@@ -475,7 +475,7 @@ func (c *checker) checkRanges(ips []serviceIP, cidrs []netip.Prefix) {
 			outside = append(outside, s.ip)
 		}
 	}
-	c.add(name, CheckFail, "%d of %d IPs outside the service range (creates are refused): %s; create a ServiceCIDR (networking.k8s.io/v1, one per network) for each of %s (or larger, for growth; the chart's serviceCIDR values do it), or use --bmc-ip-mode=external-ip",
+	c.add(name, CheckFail, "%d of %d IPs outside the service range (creates are refused): %s; create a ServiceCIDR (networking.k8s.io/v1, one per network) for each of %s (or larger, for growth; the chart's bmcServiceCIDR values do it), or use --bmc-ip-mode=external-ip",
 		len(bad), len(ips), strings.Join(ex, ", "), prefixes(CoveringPrefixes(outside)))
 }
 

@@ -511,14 +511,6 @@ func recreated(have, want *corev1.Service, mode IPMode) *corev1.Service {
 		n.Spec.ClusterIP = want.Spec.ClusterIP
 		n.Spec.ClusterIPs = slices.Clone(want.Spec.ClusterIPs)
 	}
-	// The API server gives a Service with externalIPs an
-	// externalTrafficPolicy (Cluster) and refuses one on the create of a
-	// ClusterIP Service without them ("may only be set for externally-
-	// accessible services"): an external-ip Service recreated in
-	// cluster-ip mode must drop it. (An update drops it by itself.)
-	if len(n.Spec.ExternalIPs) == 0 {
-		n.Spec.ExternalTrafficPolicy = ""
-	}
 	return n
 }
 
