@@ -11,7 +11,7 @@ import (
 // summary is the run's Summary, stopped for the reason given.
 func (r *devRun) summary(stopped string) Summary {
 	return Summary{Converged: stopped == "converged", Services: r.count(), Expected: r.expected, Errors: r.errs.count.Load(),
-		ElapsedSeconds: time.Since(r.start).Round(time.Millisecond).Seconds(), NATSURL: r.natsURL, Kubeconfig: r.kubeconfig,
+		ElapsedSeconds: float64(time.Since(r.start).Milliseconds()) / 1000, NATSURL: r.natsURL, Kubeconfig: r.kubeconfig,
 		Namespace: r.cfg.Namespace, Stopped: stopped}
 }
 
