@@ -30,6 +30,10 @@ var errNotOurs = errors.New("a Service of that name exists and is not managed by
 // churned it.
 var errOutsideRange = errors.New("outside the service range")
 
+// errRecreateHeldBack is returned by recreate, before it deletes anything,
+// while a refusal of the same replacement holds it back (recreateRefusals).
+var errRecreateHeldBack = errors.New("recreate held back")
+
 // apply runs the plan's writes, each retried with its own backoff, with at
 // most Concurrency Kubernetes writes in flight in this worker, then
 // publishes the remaining deletes as delete jobs (planned at plannedAt,
@@ -244,7 +248,7 @@ func (w *Worker) retry(ctx context.Context, key string, kind events.ErrorKind, s
 		if err == nil {
 			return nil
 		}
-		if errors.Is(err, errNotOurs) || errors.Is(err, errOutsideRange) {
+		if errors.Is(err, errNotOurs) || errors.Is(err, errOutsideRange) || errors.Is(err, errRecreateHeldBack) {
 			cls, msg = Permanent, err.Error()
 			return backoff.Permanent(err)
 		}
@@ -442,11 +446,18 @@ func (w *Worker) convergeTo(ctx context.Context, want, cur *corev1.Service) erro
 // cluster IP known to lie outside the service range is refused before
 // anything is deleted (errOutsideRange), so old keeps serving its IP; ranges
 // listed from the API are listed again first, so a ServiceCIDR created since
-// is used without a restart. If
-// the create is refused permanently otherwise, the old Service is put back
-// (without its UID) so the BMC stays reachable at its previous IP, and the
-// error is returned.
+// is used without a restart. If the create is refused permanently
+// otherwise, the old Service is put back (without its UID) so the BMC stays
+// reachable at its previous IP, the error is returned, and the same
+// replacement is held back (errRecreateHeldBack, nothing deleted) for a
+// backoff of 1 minute doubling to 1 hour (recreateRefusals): trying it at
+// every sync would take the Service away each time.
 func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error {
+	key := want.Labels[plan.LabelInstance]
+	if f, ok := w.recreates.blocked(key, want, time.Now()); ok {
+		return fmt.Errorf("%w: %s/%s keeps cluster IP %s; its replacement was refused and is tried again at %s, or at once when it changes: %s",
+			errRecreateHeldBack, old.Namespace, old.Name, old.Spec.ClusterIP, f.until.UTC().Format(time.RFC3339), f.msg)
+	}
 	if ip := want.Spec.ClusterIP; w.cfg.Classifier.OutsideRange(ctx, ip) {
 		return fmt.Errorf("cluster IP %s: %w %v (create a ServiceCIDR that covers it, or use --bmc-ip-mode=external-ip); %s/%s keeps %s",
 			ip, errOutsideRange, w.cfg.Classifier.Prefixes(), old.Namespace, old.Name, old.Spec.ClusterIP)
@@ -464,6 +475,7 @@ func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error 
 	// create converges a Service that another worker created meanwhile.
 	created, err := w.createOrConverge(ctx, stripIdentity(want))
 	if err == nil {
+		w.recreates.done(key, want.Name)
 		w.recordRecreated(ctx, old, created)
 		return nil
 	}
@@ -472,6 +484,9 @@ func (w *Worker) recreate(ctx context.Context, old, want *corev1.Service) error 
 		if _, rerr := svcs.Create(ctx, back, metav1.CreateOptions{FieldManager: "matbus"}); rerr != nil {
 			w.log.Warn("could not restore Service after a failed recreate", "service", old.Name, "error", rerr)
 		}
+		f := w.recreates.refused(key, want, err.Error(), time.Now())
+		return fmt.Errorf("%w (put back with its old cluster IP; not tried again before %s unless the replacement changes)",
+			err, f.until.UTC().Format(time.RFC3339))
 	}
 	return err
 }

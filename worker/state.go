@@ -10,7 +10,7 @@ import (
 // place that forgets it: the status memo (fingerprints, owner references,
 // waits, change counts), the desired sets delete jobs are checked against,
 // the warnings already reported, the instances whose certificate was
-// refused, the cached MAT client and the instance's metric series.
+// refused, the recreates the API server refused, the cached MAT client and the instance's metric series.
 // Stale delete jobs already published (pendingDeletes, by Service UID)
 // expire after the duplicate window instead (see freshDeletes).
 type instanceState struct {
@@ -18,7 +18,9 @@ type instanceState struct {
 	desired *desiredCache
 	warned  warnedSet
 	refused refusedSet
-	cache   *ClientCache
+	// recreates are the recreates the API server refused, held back.
+	recreates recreateRefusals
+	cache     *ClientCache
 	metrics *Metrics
 }
 
@@ -30,6 +32,7 @@ func (s *instanceState) forget(ctx context.Context, key string) {
 	s.desired.forget(key)
 	s.warned.forget(key)
 	s.refused.forget(key)
+	s.recreates.forget(key)
 	s.metrics.forget(key)
 }
 
@@ -83,6 +86,6 @@ func (s *instanceState) sizes() map[string]int {
 	s.refused.mu.Lock()
 	refused := len(s.refused.keys)
 	s.refused.mu.Unlock()
-	return map[string]int{"memo": memo, "desired": desired, "warned": s.warned.len(), "refused": refused,
+	return map[string]int{"memo": memo, "desired": desired, "warned": s.warned.len(), "refused": refused, "recreates": s.recreates.len(),
 		"clients": len(s.cache.Stats().URLs), "metric_series": s.metrics.series()}
 }
