@@ -124,8 +124,8 @@ func TestMetricsAfterScriptedRun(t *testing.T) {
 
 	// While both are present.
 	c := scrape(t, wk)
-	c.atLeast(start, "matbus_instance_last_sync_success_timestamp_seconds", "instance", good.key())
-	c.absent("matbus_instance_last_sync_success_timestamp_seconds", "instance", w.key(bad.name))
+	c.atLeast(start, "matbus_instance_last_sync_success_timestamp_seconds", "mat_instance", good.key())
+	c.absent("matbus_instance_last_sync_success_timestamp_seconds", "mat_instance", w.key(bad.name))
 	c.eq(n, "matbus_worker_services_created_total")
 	c.atLeast(n, "matbus_kube_write_duration_seconds_count", "method", "POST")
 	c.done()
@@ -182,7 +182,7 @@ func TestMetricsAfterScriptedRun(t *testing.T) {
 	c.atLeast(fetchFailed+1, "matbus_worker_mat_fetch_duration_seconds_count")
 	c.atLeast(1, "matbus_error_events_total", "kind", "fetch")
 	c.atLeast(1, "matbus_worker_job_duration_seconds_count", "type", "sync")
-	c.absent("matbus_instance_last_sync_success_timestamp_seconds", "instance", good.key())
+	c.absent("matbus_instance_last_sync_success_timestamp_seconds", "mat_instance", good.key())
 	c.absent("matbus_publish_failures_total") // none failed
 	c.done()
 

@@ -25,12 +25,15 @@ type Metrics struct {
 	syncResults   *prometheus.CounterVec   // outcome
 	fetchDuration prometheus.Histogram
 	fetchFailures prometheus.Counter
-	lastSync      *prometheus.GaugeVec     // instance
+	lastSync      *prometheus.GaugeVec     // mat_instance
 	jobDelay      *prometheus.HistogramVec // stage
-	held          *prometheus.GaugeVec     // instance
-	holdUntil     *prometheus.GaugeVec     // instance
+	held          *prometheus.GaugeVec     // mat_instance
+	holdUntil     *prometheus.GaugeVec     // mat_instance
 	holds         *prometheus.CounterVec   // reason
 }
+
+// instanceLabel names the MAT instance in the worker's per-instance series.
+const instanceLabel = "mat_instance"
 
 // NewMetrics creates the worker metrics and registers them with reg:
 //
@@ -40,13 +43,17 @@ type Metrics struct {
 //	matbus_worker_mat_fetch_duration_seconds               histogram: one MAT status request, success or not
 //	matbus_worker_mat_fetch_failures_total                 counter: sync jobs whose status fetch failed (nothing changed)
 //	matbus_worker_sync_job_delay_seconds{stage}            histogram: from a sync job's publication (its envelope time) to stage received (its handler starts) and fetch (its status request starts)
-//	matbus_instance_last_sync_success_timestamp_seconds{instance}  gauge: Unix time of the instance's last sync job that fetched its status and converged it (synced or unchanged); the series goes with the instance
-//	matbus_worker_held_deletes{instance}                  gauge: Services whose deletes a hold keeps back now (0 once released); the series goes with the hold record
-//	matbus_worker_delete_hold_until_timestamp_seconds{instance}  gauge: Unix time the hold of the instance's deletes ends, while its record exists (in force or released, until its deletes are done)
+//	matbus_instance_last_sync_success_timestamp_seconds{mat_instance}  gauge: Unix time of the instance's last sync job that fetched its status and converged it (synced or unchanged); the series goes with the instance
+//	matbus_worker_held_deletes{mat_instance}              gauge: Services whose deletes a hold keeps back now (0 once released); the series goes with the hold record
+//	matbus_worker_delete_hold_until_timestamp_seconds{mat_instance}  gauge: Unix time the hold of the instance's deletes ends, while its record exists (in force or released, until its deletes are done)
 //	matbus_worker_delete_holds_total{reason}               counter: holds this worker started, by reason (all, share, epoch)
 //
+// The instance's label is mat_instance, not instance: Prometheus gives every
+// scraped series the target's own instance label (the pod's address) and
+// renames an exported one to exported_instance.
+//
 // Every worker reports the hold gauges of every hold record of its
-// namespace (it watches them), so aggregate them with max by (instance).
+// namespace (it watches them), so aggregate them with max by (mat_instance).
 //
 // It returns an error when a name is already registered.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
@@ -62,14 +69,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		fetchFailures: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: "mat_fetch_failures_total",
 			Help: "Sync jobs whose MAT status fetch failed (no Service was changed)."}),
 		lastSync: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "matbus", Name: "instance_last_sync_success_timestamp_seconds",
-			Help: "Unix time of the instance's last sync job on this worker that fetched its status and converged its Services."}, []string{"instance"}),
+			Help: "Unix time of the instance's last sync job on this worker that fetched its status and converged its Services."}, []string{instanceLabel}),
 		jobDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "matbus", Subsystem: "worker", Name: "sync_job_delay_seconds",
 			Help:    "Time from a sync job's publication to its handler's start (stage received) and to the start of its status fetch (stage fetch).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"stage"}),
 		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "held_deletes",
-			Help: "Services of the instance whose deletes a hold keeps back now (many devices vanished at once); 0 once the window ended and they are being deleted."}, []string{"instance"}),
+			Help: "Services of the instance whose deletes a hold keeps back now (many devices vanished at once); 0 once the window ended and they are being deleted."}, []string{instanceLabel}),
 		holdUntil: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "delete_hold_until_timestamp_seconds",
-			Help: "Unix time the confirmation window of the instance's held deletes ends, while the hold record exists."}, []string{"instance"}),
+			Help: "Unix time the confirmation window of the instance's held deletes ends, while the hold record exists."}, []string{instanceLabel}),
 		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: "delete_holds_total",
 			Help: "Holds of mass deletes this worker started, by reason (all, share, epoch)."}, []string{"reason"}),
 	}
