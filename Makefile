@@ -14,7 +14,7 @@ all: build
 build:
 	$(GO) build -trimpath -ldflags "-X main.commit=$$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)" -o bin/matbus ./cmd/matbus
 
-## tools: etcd, kube-apiserver and helm built from Go modules into .bin/ (once)
+## tools: etcd, kube-apiserver, helm, promtool and nats-server built from Go modules into .bin/ (once)
 tools:
 	@bash hack/tools.sh
 
