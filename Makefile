@@ -6,7 +6,7 @@ export MATBUS_BIN_DIR := $(CURDIR)/.bin
 ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: all build tools run test lint unit fuzz fuzz-long newcomer bench bench-e2e clean deploy-check faulttest faulttest-long compose-e2e kube-e2e
+.PHONY: all build tools run test lint unit fuzz fuzz-long newcomer bench bench-e2e clean deploy-check alerts-test faulttest faulttest-long compose-e2e kube-e2e
 
 all: build
 
@@ -24,10 +24,10 @@ run: build
 	@bash hack/tools.sh apiserver
 	./bin/matbus dev $(ARGS)
 
-## test: everything CI runs — lint, unit and integration tests with -race on
-## real NATS and a real kube-apiserver + etcd, a short fuzz of every decoder,
-## and the README's first screen as a newcomer runs it.
-test: tools lint deploy-check unit fuzz newcomer
+## test: everything CI runs — lint, the chart's checks and alert tests, unit and
+## integration tests with -race on real NATS and a real kube-apiserver + etcd,
+## a short fuzz of every decoder, and the README's first screen as a newcomer runs it.
+test: tools lint deploy-check alerts-test unit fuzz newcomer
 
 ## newcomer: what the README says to do, on the built tools: make run
 ## ARGS="--once", then each "Next steps" command of a running `matbus dev`
@@ -94,6 +94,14 @@ clean:
 deploy-check: tools
 	$(MATBUS_BIN_DIR)/helm lint --strict deploy/helm/matbus
 	MATBUS_REQUIRE_K8S=1 $(GO) test -count=1 -timeout 10m ./deploytest/...
+
+## alerts-test: the chart's alerts under promtool (built from go.mod's
+## Prometheus): `check rules` on files/prometheus-rules.yaml, and `test rules`
+## on deploy/prometheus/rules_test.yaml, which feeds series in and expects each
+## alert, with its labels and annotations, to fire or stay quiet at given times.
+alerts-test: tools
+	$(MATBUS_BIN_DIR)/promtool check rules --lint-fatal deploy/helm/matbus/files/prometheus-rules.yaml
+	$(MATBUS_BIN_DIR)/promtool test rules deploy/prometheus/rules_test.yaml
 
 ## compose-e2e: docker-compose.yaml under a real container engine, as root:
 ## installs docker.io if missing, builds the Compose plugin from its Go module,
