@@ -99,6 +99,8 @@ deploy-check: tools
 ## Prometheus): `check rules` on files/prometheus-rules.yaml, and `test rules`
 ## on deploy/prometheus/rules_test.yaml, which feeds series in and expects each
 ## alert, with its labels and annotations, to fire or stay quiet at given times.
+## (That those series are the ones matbus exports is deploytest's
+## TestAlertsAndDashboardSelectExportedSeries, in deploy-check.)
 alerts-test: tools
 	$(MATBUS_BIN_DIR)/promtool check rules --lint-fatal deploy/helm/matbus/files/prometheus-rules.yaml
 	$(MATBUS_BIN_DIR)/promtool test rules deploy/prometheus/rules_test.yaml

@@ -480,7 +480,9 @@ func TestChartHelmTestAndNetworkPolicy(t *testing.T) {
 // port, which selects both Deployments' pods and targets their health port;
 // the PrometheusRule carries files/prometheus-rules.yaml unchanged; the
 // dashboard ConfigMap holds files/grafana-dashboard.json. (That the rules
-// parse and use only exported metrics is cmd/matbus's TestAlertsAndDashboardUseExportedMetrics.)
+// and the dashboard select series matbus exports is
+// TestAlertsAndDashboardSelectExportedSeries; what the alerts do with them,
+// `make alerts-test`.)
 func TestChartMonitoring(t *testing.T) {
 	objs := render(t, "matbus", "-f", chartDir+"/ci/all-features-values.yaml")
 	svc := find(t, objs, "Service", "-metrics")

@@ -10,6 +10,11 @@
 //     processes under the chart's ServiceAccount identity (impersonated)
 //     against the real API server and converge, and every API request they
 //     make is recorded and compared with the Role;
+//   - the chart's alerts and dashboard: every metric selector of the
+//     rendered PrometheusRule and dashboard, and every input series of the
+//     promtool test of the alerts, against /metrics of the chart's discovery
+//     and worker containers run as processes (metric, type, labels), and
+//     every alert tested firing and quiet (`make alerts-test` runs promtool);
 //   - docker-compose.yaml, loaded with the compose-spec loader: commands,
 //     flags and environment variables exist in `matbus <subcommand> --help`,
 //     every built image comes from deploy/Dockerfile, pinned versions match
