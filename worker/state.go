@@ -21,7 +21,7 @@ type instanceState struct {
 	// recreates are the recreates the API server refused, held back.
 	recreates recreateRefusals
 	cache     *ClientCache
-	metrics *Metrics
+	metrics   *Metrics
 }
 
 // forget drops everything kept about instance key (it is gone) and
