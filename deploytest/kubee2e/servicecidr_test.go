@@ -686,11 +686,14 @@ func (e *e2e) migrate(m *mat, register func(names ...string)) string {
 		lastRecreate = maxTime(lastRecreate, ev.at)
 	}
 
-	// The outages: at most one per address, none longer than the bound.
+	// The outages: an address may be unreachable more than once (a busy
+	// node can miss a few probes of every address at the same moment), but
+	// not for longer than one recreate in all.
 	type worst struct {
-		ip   string
-		took time.Duration
-		n    int
+		ip    string
+		took  time.Duration
+		total time.Duration
+		n     int
 	}
 	var per []worst
 	var overall time.Duration
@@ -698,16 +701,15 @@ func (e *e2e) migrate(m *mat, register func(names ...string)) string {
 		w := worst{ip: tg.ip, n: len(rl.outages[tg.addr])}
 		for _, o := range rl.outages[tg.addr] {
 			w.took = max(w.took, o.to.Sub(o.from))
+			w.total += o.to.Sub(o.from)
 			if o.from.Before(upgrade) {
 				t.Errorf("%s (%s) was unreachable before the upgrade, %s to %s", tg.addr, tg.service, o.from.Format("15:04:05.000"), o.to.Format("15:04:05.000"))
 			}
 		}
 		overall = max(overall, w.took)
-		if w.n > 1 {
-			t.Errorf("%s (%s) was unreachable %d times during the migration, want at most once: %+v", tg.addr, tg.service, w.n, rl.outages[tg.addr])
-		}
-		if w.took > recreateBound {
-			t.Errorf("%s (%s) was unreachable for %v, over the bound %v of one recreate", tg.addr, tg.service, w.took.Round(time.Millisecond), recreateBound)
+		if w.total > recreateBound {
+			t.Errorf("%s (%s) was unreachable for %v in all (%d windows), over the bound %v of one recreate: %+v",
+				tg.addr, tg.service, w.total.Round(time.Millisecond), w.n, recreateBound, rl.outages[tg.addr])
 		}
 		per = append(per, w)
 	}
@@ -719,12 +721,12 @@ func (e *e2e) migrate(m *mat, register func(names ...string)) string {
 			zero++
 			continue
 		}
-		fmt.Fprintf(&b, " %s=%.2fs", w.ip, w.took.Seconds())
+		fmt.Fprintf(&b, " %s=%.2fs", w.ip, w.total.Seconds())
 		if w.n > 1 {
 			fmt.Fprintf(&b, "(x%d)", w.n)
 		}
 	}
-	t.Logf("servicecidr: migration external-ip -> cluster-ip: %d BMC/NVOS addresses probed every %v (connect timeout %v); longest unreachable window per IP:%s; %d never unreachable; overall max %.2fs (bound %v)",
+	t.Logf("servicecidr: migration external-ip -> cluster-ip: %d BMC/NVOS addresses probed every %v (connect timeout %v); unreachable time per IP (windows):%s; %d never unreachable; overall max %.2fs (bound %v)",
 		len(ts), probeInterval, probeTimeout, b.String(), zero, overall.Seconds(), recreateBound)
 	t.Logf("servicecidr: migration: install in external-ip mode and every Service in that form %.1fs; upgrade --wait %.1fs; recreates from %.1fs to %.1fs after the upgrade began; every Service in cluster-ip form %.1fs after the upgrade returned",
 		installed.Seconds(), upgraded.Seconds(), firstRecreate.Sub(upgrade).Seconds(), lastRecreate.Sub(upgrade).Seconds(), converged.Seconds())
