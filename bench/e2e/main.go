@@ -26,8 +26,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/matbus/matbus/kubelocal"
-
-	"github.com/matbus/matbus/bench/internal/load"
 )
 
 // config is the harness's command line.
@@ -178,6 +176,7 @@ type bench struct {
 	kube    kubernetes.Interface // admin, counted in reqs
 	raw     kubernetes.Interface // admin without a client-side rate limit (the floor)
 	reqs    atomic.Int64         // requests the harness itself sent to the API server
+	roles   roles                // the matbus processes running, for the CPU rows
 	fleets  *fleets
 	result  *result
 	mu      sync.Mutex
@@ -390,7 +389,7 @@ func (b *bench) floor(ctx context.Context, rep int) error {
 	f := &floorResult{Services: len(svcs), Repeat: rep}
 	b.result.Floors = append(b.result.Floors, f)
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
-	ccpu, _ := load.SampleCPU()
+	ccpu, _ := b.sampleCPU()
 	prof := b.profile(cctx, fmt.Sprintf("r%d floor create", rep))
 	f.Create = floorCreate(cctx, b.raw, svcs, b.cfg.InFlight)
 	f.CreateCPU = ccpu.Since(f.Create.Seconds)
@@ -402,7 +401,7 @@ func (b *bench) floor(ctx context.Context, rep int) error {
 	}
 	dctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	req0, _ := b.scrape(ctx)
-	cpu0, _ := load.SampleCPU()
+	cpu0, _ := b.sampleCPU()
 	prof = b.profile(dctx, fmt.Sprintf("r%d floor delete", rep))
 	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight)
 	f.DeleteCPU = cpu0.Since(f.Delete.Seconds)

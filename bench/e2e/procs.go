@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -19,6 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/matbus/matbus/kubelocal"
+
+	"github.com/matbus/matbus/bench/internal/load"
 )
 
 // stopGrace is how long a process may take to exit after SIGTERM before
@@ -113,6 +116,63 @@ func (p *proc) Mem() (rss, hwm int64, err error) {
 		return 0, 0, err
 	}
 	return memStatus(string(b))
+}
+
+// roleMatbus is the program under which the CPU rows count the discovery
+// and worker processes the harness started, whatever the file name of
+// the --matbus binary (the kernel's comm is that file name: --matbus
+// /tmp/matbus-now runs as "matbus-now").
+const roleMatbus = "matbus"
+
+// roles names the running processes the harness started by their role in
+// the run (pid → role), for the CPU rows. The zero value is empty.
+type roles struct {
+	mu    sync.Mutex
+	byPID map[int]string
+}
+
+func (r *roles) set(pid int, role string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.byPID == nil {
+		r.byPID = map[int]string{}
+	}
+	r.byPID[pid] = role
+}
+
+func (r *roles) forget(pid int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.byPID, pid)
+}
+
+// name is pid's role, "" for a process with none.
+func (r *roles) name(pid int) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.byPID[pid]
+}
+
+// startMatbus starts a matbus process (`matbus worker`, `matbus
+// discovery`) of the --matbus binary and records its role until it has
+// exited (its pid may then be reused).
+func (b *bench) startMatbus(ctx context.Context, dir, name string, args ...string) (*proc, error) {
+	p, err := startProc(ctx, dir, name, b.cfg.Matbus, args...)
+	if err != nil {
+		return nil, err
+	}
+	pid := p.cmd.Process.Pid
+	b.roles.set(pid, roleMatbus)
+	go func() {
+		<-p.done
+		b.roles.forget(pid)
+	}()
+	return p, nil
+}
+
+// sampleCPU reads the CPU counters with the processes named by role.
+func (b *bench) sampleCPU() (load.CPUSample, error) {
+	return load.SampleCPUNamed(b.roles.name)
 }
 
 // WaitReady polls /readyz every 100 ms until it answers 200, the process

@@ -228,7 +228,7 @@ func (r *result) rows() []tableRow {
 			func(x *roundResult) (*float64, string) {
 				return cellOf(x.Delete, func(p *phase) float64 { return float64(p.Count) / max(p.Seconds, 1e-9) })
 			}},
-		cpuRow("kube-apiserver"), cpuRow("etcd"), cpuRow("matbus"), cpuRow("nats-server"), cpuRow("harness"),
+		cpuRow("kube-apiserver"), cpuRow("etcd"), cpuRow(roleMatbus), cpuRow("nats-server"), cpuRow("harness"),
 		{"4. machine CPU busy during the fan-out", "cores", busyOf,
 			func(x *roundResult) (*float64, string) {
 				if x.DeleteCPU == nil || x.Delete == nil || x.Delete.TimedOut {

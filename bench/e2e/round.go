@@ -13,8 +13,6 @@ import (
 	"github.com/matbus/matbus/matclient"
 	"github.com/matbus/matbus/matsim"
 	"github.com/matbus/matbus/plan"
-
-	"github.com/matbus/matbus/bench/internal/load"
 )
 
 // settle is the pause between the last reaction and the steady window.
@@ -90,7 +88,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		if profiling {
 			args = append(args, "--profiling")
 		}
-		p, err := startProc(rctx, dir, name, b.cfg.Matbus, append(args, b.cfg.WorkerArgs...)...)
+		p, err := b.startMatbus(rctx, dir, name, append(args, b.cfg.WorkerArgs...)...)
 		if err != nil {
 			return err
 		}
@@ -127,8 +125,8 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	}
 	convergeAudit := b.audit.Offset()
 	t0 := time.Now()
-	ccpu, _ := load.SampleCPU()
-	disc, err := startProc(rctx, dir, "discovery", b.cfg.Matbus, append(args, b.cfg.DiscoveryArgs...)...)
+	ccpu, _ := b.sampleCPU()
+	disc, err := b.startMatbus(rctx, dir, "discovery", append(args, b.cfg.DiscoveryArgs...)...)
 	if err != nil {
 		return err
 	}
@@ -260,7 +258,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 	snap = b.snapshot(rctx, workers)
 	auditAt := b.audit.Offset()
 	t0 = time.Now()
-	cpu0, _ := load.SampleCPU()
+	cpu0, _ := b.sampleCPU()
 	prof = b.profile(rctx, fmt.Sprintf("r%d w%d fan-out", idx, r.Workers), append([]*proc{nproc, disc}, workers...)...)
 	for i, s := range sims {
 		empty := &matsim.Fleet{InventoryID: cur[i].InventoryID}

@@ -72,7 +72,7 @@ func scaleRows(r *result) []rowDef {
 		return ptr(v * 1000), ""
 	}
 	return []rowDef{
-		createCPU("matbus"), createCPU("kube-apiserver"), createCPU("etcd"), createCPU("nats-server"),
+		createCPU(roleMatbus), createCPU("kube-apiserver"), createCPU("etcd"), createCPU("nats-server"),
 		{"1. watch events received per worker, converge", "events", nil,
 			scale(func(s *roundScale) (*float64, string) { return perWorker(s.Converge, events) })},
 		{"4. watch events received per worker, fan-out", "events", nil,

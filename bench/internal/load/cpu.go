@@ -11,8 +11,8 @@ import (
 
 // CPUUse is CPU time spent over one phase: seconds of user+system time by
 // program (the kernel's comm: kube-apiserver, etcd, nats-server, matbus, and
-// the harness itself as "harness"), summed over the harness and every
-// process it started; Busy is the whole machine's busy CPU seconds over the
+// the harness itself as "harness"; or the name SampleCPUNamed gives a
+// process), summed over the harness and every process it started; Busy is the whole machine's busy CPU seconds over the
 // same wall time (other programs' load shows as Busy above the sum).
 type CPUUse struct {
 	Wall   float64            `json:"wall_seconds"`
@@ -25,13 +25,21 @@ type CPUUse struct {
 type CPUSample struct {
 	byProg map[string]float64
 	busy   float64
+	name   func(pid int) string
 }
 
 // SampleCPU reads the CPU seconds of the harness and its descendants from
 // /proc (prometheus/procfs), grouped by program, and the machine's busy
 // seconds from /proc/stat. Errors: /proc unreadable (not Linux).
-func SampleCPU() (CPUSample, error) {
-	s := CPUSample{byProg: map[string]float64{}}
+func SampleCPU() (CPUSample, error) { return SampleCPUNamed(nil) }
+
+// SampleCPUNamed is SampleCPU with the program of each process named by
+// name(pid) where it answers non-empty, instead of by its comm (the file
+// name of its binary): a process the caller started for a role is then
+// counted under that role whatever its binary is called. The harness
+// itself stays "harness". Since reads again with the same name.
+func SampleCPUNamed(name func(pid int) string) (CPUSample, error) {
+	s := CPUSample{byProg: map[string]float64{}, name: name}
 	fs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return s, fmt.Errorf("open /proc: %w", err)
@@ -76,11 +84,16 @@ func SampleCPU() (CPUSample, error) {
 		if !ok {
 			continue
 		}
-		name := p.comm
-		if pid == self {
-			name = "harness"
+		prog := p.comm
+		if name != nil {
+			if n := name(pid); n != "" {
+				prog = n
+			}
 		}
-		s.byProg[name] += p.cpu
+		if pid == self {
+			prog = "harness"
+		}
+		s.byProg[prog] += p.cpu
 	}
 	return s, nil
 }
@@ -88,7 +101,7 @@ func SampleCPU() (CPUSample, error) {
 // Since is the CPU use from s to now over wall seconds; nil when /proc
 // cannot be read.
 func (s CPUSample) Since(wall float64) *CPUUse {
-	now, err := SampleCPU()
+	now, err := SampleCPUNamed(s.name)
 	if err != nil || s.byProg == nil {
 		return nil
 	}
