@@ -270,3 +270,40 @@ func TestTableRepeats(t *testing.T) {
 		}
 	}
 }
+
+// The rows of matbus's own CPU against the API server's are, like every
+// cell, the median over the repetitions of each repetition's ratio; a
+// phase that timed out has none.
+func TestOwnShareRows(t *testing.T) {
+	cfg, err := parseFlags([]string{"--services", "100", "--workers", "3", "--repeat", "3"}, &strings.Builder{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := func(api, matbus, nats float64) *load.CPUUse {
+		return &load.CPUUse{Wall: 1, ByProg: map[string]float64{"kube-apiserver": api, roleMatbus: matbus, "nats-server": nats, "etcd": 1}}
+	}
+	round := func(rep int, converge, del *load.CPUUse) *roundResult {
+		return &roundResult{Workers: 3, Repeat: rep, Services: 100,
+			Converge: &phase{Seconds: 5, Count: 100}, Delete: &phase{Seconds: 5, Count: 100}, DeleteCPU: del,
+			Scale: &roundScale{ConvergeCPU: converge}}
+	}
+	timedOut := round(3, cpu(10, 0.5, 0.5), cpu(4, 4, 4))
+	timedOut.Delete = &phase{TimedOut: true, Missing: 1, Count: 100, Why: "timeout"}
+	r := &result{Config: cfg, Rounds: []*roundResult{
+		round(1, cpu(10, 1, 1), cpu(4, 1, 0.2)),
+		round(2, cpu(10, 2, 1), cpu(4, 2, 0.4)),
+		timedOut,
+	}}
+	out := r.table()
+	for _, want := range []string{
+		"| 1. matbus + nats-server CPU ÷ kube-apiserver's, per created Service | × | — | 0.20 (0.10–0.30) |",
+		"| 4. matbus + nats-server CPU ÷ kube-apiserver's, per deleted Service | × | — | 0.45 (0.30–0.60) |",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	if v := ownShare(cpu(0, 1, 1)); v != nil {
+		t.Errorf("ratio against an API server that used no CPU = %v, want none", *v)
+	}
+}

@@ -229,6 +229,13 @@ func (r *result) rows() []tableRow {
 				return cellOf(x.Delete, func(p *phase) float64 { return float64(p.Count) / max(p.Seconds, 1e-9) })
 			}},
 		cpuRow("kube-apiserver"), cpuRow("etcd"), cpuRow(roleMatbus), cpuRow("nats-server"), cpuRow("harness"),
+		{"4. matbus + nats-server CPU ÷ kube-apiserver's, per deleted Service", "×", nil,
+			func(x *roundResult) (*float64, string) {
+				if x.Delete == nil || x.Delete.TimedOut {
+					return nil, ""
+				}
+				return ownShare(x.DeleteCPU), ""
+			}},
 		{"4. machine CPU busy during the fan-out", "cores", busyOf,
 			func(x *roundResult) (*float64, string) {
 				if x.DeleteCPU == nil || x.Delete == nil || x.Delete.TimedOut {
@@ -527,6 +534,16 @@ func orNone(s string) string {
 		return "no requests"
 	}
 	return s
+}
+
+// ownShare is what matbus and nats-server spent of CPU over a phase ÷
+// what kube-apiserver spent (per Service written, the Services cancel
+// out); nil when the API server's was not measured.
+func ownShare(u *load.CPUUse) *float64 {
+	if u == nil || u.ByProg["kube-apiserver"] <= 0 {
+		return nil
+	}
+	return ptr((u.ByProg[roleMatbus] + u.ByProg["nats-server"]) / u.ByProg["kube-apiserver"])
 }
 
 // cpuRow is the CPU milliseconds one program spent per deleted Service

@@ -73,6 +73,13 @@ func scaleRows(r *result) []rowDef {
 	}
 	return []rowDef{
 		createCPU(roleMatbus), createCPU("kube-apiserver"), createCPU("etcd"), createCPU("nats-server"),
+		{"1. matbus + nats-server CPU ÷ kube-apiserver's, per created Service", "×", nil,
+			func(x *roundResult) (*float64, string) {
+				if x.Scale == nil || x.Converge == nil || x.Converge.TimedOut {
+					return nil, ""
+				}
+				return ownShare(x.Scale.ConvergeCPU), ""
+			}},
 		{"1. watch events received per worker, converge", "events", nil,
 			scale(func(s *roundScale) (*float64, string) { return perWorker(s.Converge, events) })},
 		{"4. watch events received per worker, fan-out", "events", nil,
