@@ -80,7 +80,9 @@ bench:
 
 ## bench-e2e: the whole pipeline (nats-server, kube-apiserver + etcd, MAT
 ## simulators, discovery and worker processes) against a raw client-go floor,
-## printed as one table (docs/performance.md). BENCH_ARGS="--services 10000 --json out.json"
+## printed as one table (docs/performance.md); kube-apiserver and etcd pinned to
+## their own CPU(s) unless BENCH_ARGS has --pin-control-plane=false (or the
+## machine has fewer than 2). BENCH_ARGS="--services 10000 --json out.json"
 bench-e2e: tools build
 	$(GO) run ./bench/e2e --matbus bin/matbus $(BENCH_ARGS)
 

@@ -17,6 +17,12 @@
 //
 //	go run ./bench/e2e [--services 2000] [--workers 1,3] [--repeat 1] [--json out.json]
 //
+// kube-apiserver and etcd run pinned to the first half of the CPUs the
+// harness may use, everything else to the rest (pin.go), as on a cluster
+// whose control plane has its own cores; --pin-control-plane=false, or a
+// process that may use fewer than 2 CPUs, runs unpinned. The first line of
+// the log and of the table says which, and how or why.
+//
 // --repeat N alternates the floor and the rounds N times; each cell is then
 // the median over the repetitions and its ratio the median of each
 // repetition's value ÷ the floor measured in that repetition.

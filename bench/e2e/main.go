@@ -46,7 +46,7 @@ type config struct {
 	Neighbour     bool          `json:"neighbour"`
 	NeighbourRate float64       `json:"neighbour_rate"`
 	MATNoETag     bool          `json:"mat_no_etag,omitempty"`
-	PinControl    bool          `json:"pin_control_plane,omitempty"`
+	PinControl    bool          `json:"pin_control_plane"`
 	PprofDir      string        `json:"-"`
 	PprofLength   time.Duration `json:"-"`
 	PprofDelay    time.Duration `json:"-"` // < 0: profileDelay(PprofLength)
@@ -79,7 +79,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.Neighbour, "neighbour", true, "measure a noisy neighbour's latency alone, during a QPS-100 client's converge and during matbus's (bench/e2e/neighbour.go)")
 	fs.Float64Var(&c.NeighbourRate, "neighbour-rate", 40, "requests per second of the noisy neighbour (ConfigMap PUT, GET and LIST in turn)")
 	matETag := fs.Bool("mat-etag", true, "the MAT simulators send ETags and answer If-None-Match with 304 (false: a MAT without conditional requests)")
-	fs.BoolVar(&c.PinControl, "pin-control-plane", false, "give kube-apiserver and etcd the first half of the CPUs and everything else (the floor's client, nats-server, matbus, the simulators) the rest, as on a cluster whose control plane has its own cores (bench/e2e/pin.go)")
+	fs.BoolVar(&c.PinControl, "pin-control-plane", true, "give kube-apiserver and etcd the first half of the CPUs this process may use and everything else (the floor's client, nats-server, matbus, the simulators) the rest, "+
+		"as on a cluster whose control plane has its own cores (bench/e2e/pin.go); skipped, and the run says so, when the process may use fewer than 2 CPUs; false: every process may run on any CPU")
 	fs.StringVar(&c.Matbus, "matbus", "bin/matbus", "the matbus binary (make build)")
 	fs.StringVar(&c.NATSServer, "nats-server", "", "the nats-server binary (default: nats-server beside kube-apiserver, e.g. .bin/)")
 	fs.StringVar(&c.JSON, "json", "", "also write the table and the details as JSON to this file")
@@ -185,6 +186,11 @@ type bench struct {
 
 func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 	b := &bench{cfg: cfg, stderr: stderr, start: time.Now()}
+	pin, unpinned, err := choosePin(cfg.PinControl)
+	if err != nil {
+		return err
+	}
+	b.logf("%s", cpusLine(pin, unpinned))
 	tmp, err := os.MkdirTemp("", "matbus-bench-")
 	if err != nil {
 		return err
@@ -214,7 +220,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%w (run `make tools build`)", err)
 		}
 	}
-	b.result = &result{Config: cfg, Machine: machine()}
+	b.result = &result{Config: cfg, Machine: machine(), Pinned: pin, Unpinned: unpinned}
 	if err := b.readDefaults(ctx); err != nil {
 		return err
 	}
@@ -230,19 +236,15 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer b.cluster.Stop()
-	if cfg.PinControl {
-		pp, err := newPinPlan()
-		if err == nil {
-			err = pp.apply()
+	ready := ""
+	if pin != nil {
+		if err := pin.apply(); err != nil {
+			return fmt.Errorf("%w (--pin-control-plane=false runs unpinned)", err)
 		}
-		if err != nil {
-			return err
-		}
-		b.result.Pinned = pp
-		b.logf("%s", pp)
+		ready = fmt.Sprintf(", pinned to CPU %v", pin.Control)
 	}
 	b.audit = auditLog{path: b.cluster.AuditLog}
-	b.logf("kube-apiserver + etcd ready at %s in %s", b.cluster.URL, since(t))
+	b.logf("kube-apiserver + etcd ready at %s in %s%s", b.cluster.URL, since(t), ready)
 	if err := b.clients(); err != nil {
 		return err
 	}

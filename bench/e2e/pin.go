@@ -13,15 +13,19 @@ import (
 	"github.com/prometheus/procfs"
 )
 
-// Pinning the control plane (--pin-control-plane): on a real cluster the
-// API server and etcd never share cores with the controllers that write
-// to them. Here they do, unless the run splits the machine: the API
-// server and etcd get the first half of the CPUs (at least one), the
+// Pinning the control plane (--pin-control-plane, the default): on a real
+// cluster the API server and etcd never share cores with the controllers
+// that write to them. Here they do, unless the run splits the machine: the
+// API server and etcd get the first half of the CPUs (at least one), the
 // harness and everything it starts after them — the floor's client-go,
 // nats-server, the matbus processes, the simulators — the rest. The floor
 // runs on the same split, so each ratio compares matbus with raw client-go
 // against an API server of the same size, and matbus's own CPU no longer
-// takes the API server's.
+// takes the API server's. A process that may use fewer than 2 CPUs has
+// nothing to split: the run is then unpinned and says so.
+
+// errFewCPUs: this process may use fewer than 2 CPUs.
+var errFewCPUs = errors.New("pinning needs at least 2 CPUs")
 
 // pinPlan is the CPU split: control-plane CPUs and the others.
 type pinPlan struct {
@@ -30,7 +34,7 @@ type pinPlan struct {
 }
 
 // newPinPlan splits the CPUs this process may run on. Errors: fewer
-// than 2 CPUs, or the affinity mask unreadable.
+// than 2 CPUs (errFewCPUs), or the affinity mask unreadable.
 func newPinPlan() (*pinPlan, error) {
 	var set unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &set); err != nil {
@@ -43,14 +47,41 @@ func newPinPlan() (*pinPlan, error) {
 		}
 	}
 	if len(cpus) < 2 {
-		return nil, fmt.Errorf("--pin-control-plane needs at least 2 CPUs, this process may use %d", len(cpus))
+		return nil, fmt.Errorf("%w, this process may use %d", errFewCPUs, len(cpus))
 	}
 	n := max(len(cpus)/2, 1)
 	return &pinPlan{Control: cpus[:n], Rest: cpus[n:]}, nil
 }
 
 func (p *pinPlan) String() string {
-	return fmt.Sprintf("kube-apiserver and etcd pinned to CPU %v, the harness, nats-server, matbus and the simulators to CPU %v", p.Control, p.Rest)
+	return fmt.Sprintf("kube-apiserver and etcd on CPU %v, the harness, nats-server, matbus and the simulators on CPU %v", p.Control, p.Rest)
+}
+
+// choosePin decides the run's CPUs: a split when want (--pin-control-plane)
+// and the process may use 2 CPUs or more, else nil and why the run is
+// unpinned. Errors: the affinity mask unreadable.
+func choosePin(want bool) (*pinPlan, string, error) {
+	if !want {
+		return nil, "--pin-control-plane=false", nil
+	}
+	pp, err := newPinPlan()
+	if errors.Is(err, errFewCPUs) {
+		return nil, err.Error(), nil
+	}
+	return pp, "", err
+}
+
+// cpusLine says how the run uses the CPUs: pinned and how, or unpinned
+// and why (the first line of the log and of the table).
+func cpusLine(pp *pinPlan, unpinned string) string {
+	if pp != nil {
+		return "control plane pinned: " + pp.String()
+	}
+	line := "control plane unpinned: every process may run on any CPU"
+	if unpinned != "" {
+		line = fmt.Sprintf("control plane unpinned (%s): every process may run on any CPU", unpinned)
+	}
+	return line
 }
 
 // apply pins every thread of the harness's kube-apiserver and etcd

@@ -20,7 +20,8 @@ type result struct {
 	Rounds   []*roundResult               `json:"rounds"`
 	Rows     []tableRow                   `json:"rows"`
 	Markdown string                       `json:"markdown"`
-	Pinned   *pinPlan                     `json:"pinned,omitempty"` // --pin-control-plane
+	Pinned   *pinPlan                     `json:"pinned,omitempty"`   // --pin-control-plane (the default)
+	Unpinned string                       `json:"unpinned,omitempty"` // why the run is not pinned
 	// Interrupted says why the run stopped early (Ctrl-C, SIGTERM); the
 	// table then holds what was measured until then.
 	Interrupted string `json:"interrupted,omitempty"`
@@ -390,13 +391,15 @@ func (r *result) table() string {
 	c := r.Config
 	var b strings.Builder
 	sizes := splitSizes(c.Services, c.Simulators)
-	fmt.Fprintf(&b, "## matbus end to end: %d Services, %d simulators × %d BMCs\n\n", c.Services, c.Simulators, sizes[0])
+	pinned := "control plane unpinned"
+	if r.Pinned != nil {
+		pinned = "control plane pinned"
+	}
+	fmt.Fprintf(&b, "## matbus end to end: %d Services, %d simulators × %d BMCs, %s\n\n", c.Services, c.Simulators, sizes[0], pinned)
+	fmt.Fprintf(&b, "- CPUs: %s\n", cpusLine(r.Pinned, r.Unpinned))
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "- machine: %s (%s); %s\n", r.Machine, host, r.Version)
 	fmt.Fprintf(&b, "- matbus defaults: %s\n", r.defaultsLine())
-	if r.Pinned != nil {
-		fmt.Fprintf(&b, "- CPUs: %s\n", r.Pinned)
-	}
 	if len(c.WorkerArgs) > 0 || len(c.DiscoveryArgs) > 0 {
 		fmt.Fprintf(&b, "- extra flags: worker %q, discovery %q\n", strings.Join(c.WorkerArgs, " "), strings.Join(c.DiscoveryArgs, " "))
 	}
