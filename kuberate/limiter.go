@@ -66,8 +66,10 @@ type Config struct {
 
 	// Interval is the control period: each period that saw demand hit a
 	// limit and no pushback raises that limit once (the rate by
-	// RateIncrease × Interval; the in-flight limit by 1, and only when the
-	// latency was within Tolerance); default 100 ms.
+	// RateIncrease × Interval; the in-flight limit, only when the latency
+	// was within Tolerance, by doubling until its first decrease — slow
+	// start, as TCP's congestion window — and by 1 after it); default
+	// 100 ms.
 	Interval time.Duration
 	// Tolerance is the rise of write latency over its baseline that counts
 	// as the API server slowing down: a period whose writes took on
@@ -159,13 +161,17 @@ func (c Config) withDefaults() (Config, error) {
 // long; the latency of writes (POST, PUT, PATCH, DELETE; watches and other
 // long-running requests are left out) against a windowed minimum per
 // method lowers the in-flight limit when it rises above Tolerance times
-// the baseline. Each limit rises additively, once per Interval, only in
-// periods in which demand hit it (a request waited for a token, or for a
-// slot) and nothing pushed back; the in-flight limit also only while the
-// latency is within Tolerance. Latency lowers only the in-flight limit:
-// with fewer requests in flight the rate achieved falls by Little's law. It also records the API Priority and
-// Fairness flow schema and priority level the API server put the requests
-// in (Stats).
+// the baseline. Each limit rises once per Interval, only in periods in
+// which demand hit it (a request waited for a token, or for a slot) and
+// nothing pushed back; the in-flight limit also only while the latency is
+// within Tolerance. The rate rises additively; the in-flight limit doubles
+// until its first decrease (slow start: a client whose demand outgrows
+// the initial limit reaches what the API server takes within a few
+// periods, instead of one request more per period) and then rises by
+// one. Latency lowers only the in-flight limit: with fewer requests in
+// flight the rate achieved falls by Little's law. It also records the API
+// Priority and Fairness flow schema and priority level the API server put
+// the requests in (Stats).
 //
 // A Limiter implements flowcontrol.RateLimiter and is safe for concurrent
 // use. It starts no goroutine: the control period is evaluated as
@@ -181,7 +187,10 @@ type Limiter struct {
 	stopped  bool
 	inflight int
 	limit    float64 // in-flight limit (fractional: decreases multiply)
-	waiters  []chan struct{}
+	// slowStart: no decrease yet, so the in-flight limit doubles per
+	// saturated period instead of rising by 1.
+	slowStart bool
+	waiters   []chan struct{}
 
 	period    period
 	lastDown  time.Time // last decrease: samples of requests sent before it do not count
@@ -224,6 +233,7 @@ func New(cfg Config) (*Limiter, error) {
 		cfg: cfg, clk: cfg.Clock,
 		qps:       cfg.InitialQPS,
 		limit:     float64(cfg.InitialInFlight),
+		slowStart: true,
 		baselines: map[string]*minWindow{},
 		decreases: map[Reason]int64{},
 		responses: map[apfKey]int64{},
@@ -272,6 +282,17 @@ func (l *Limiter) Stop() {
 	l.mu.Lock()
 	l.stopped = true
 	l.mu.Unlock()
+}
+
+// InFlightLimit is the current limit of requests in flight (watches and
+// other long-running requests not counted), between MinInFlight and
+// MaxInFlight. Callers that queue work for the API server (see
+// worker.Config.KubeWindow) size their queues by it.
+func (l *Limiter) InFlightLimit() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tick(l.clk.Now())
+	return l.slots()
 }
 
 // QPS is the current rate, requests/s.
@@ -469,6 +490,7 @@ func (l *Limiter) pushback(now time.Time, why Reason, retryAfter time.Duration) 
 }
 
 func (l *Limiter) lowerInFlight(f float64) {
+	l.slowStart = false
 	used := float64(max(l.period.peak, l.inflight))
 	l.limit = max(float64(l.cfg.MinInFlight), min(l.limit, max(used, 1))*f)
 }
@@ -514,7 +536,11 @@ func (l *Limiter) tick(now time.Time) {
 			l.lastDown = now
 		}
 	case p.slotWaited && l.limit < float64(l.cfg.MaxInFlight):
-		l.limit = min(float64(l.cfg.MaxInFlight), math.Floor(l.limit)+1)
+		next := math.Floor(l.limit) + 1
+		if l.slowStart {
+			next = 2 * math.Floor(l.limit)
+		}
+		l.limit = min(float64(l.cfg.MaxInFlight), next)
 		l.grant()
 	}
 	l.lastRate = float64(p.done) / now.Sub(p.start).Seconds()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -390,5 +391,43 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 5 s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// Slow start: while demand fills it, the in-flight limit doubles per
+// period until its first decrease (16 → 32 → 64, the ceiling), and after a
+// decrease it rises by one per period.
+func TestInFlightSlowStart(t *testing.T) {
+	l, srv, rt := newTest(t, Config{MaxQPS: 1000, InitialInFlight: 16, MaxInFlight: 64})
+	saturate := func() {
+		t.Helper()
+		release := holdSlots(t, l, l.InFlightLimit()) // demand takes the last slot
+		release()
+		srv.clk.Step(100 * time.Millisecond)
+	}
+	var got []int
+	for range 3 {
+		saturate()
+		got = append(got, l.InFlightLimit())
+	}
+	if want := []int{32, 64, 64}; !slices.Equal(got, want) {
+		t.Fatalf("in-flight limit per saturated period %v, want %v", got, want)
+	}
+	srv.set(429, 10*time.Millisecond, nil)
+	release := holdSlots(t, l, 39) // 40 in flight with the request below
+	send(t, rt, http.MethodPost, svcURL)
+	release()
+	if n := l.InFlightLimit(); n != 20 {
+		t.Fatalf("after a 429 with 40 in flight: limit %d, want 40 × 0.5 = 20", n)
+	}
+	srv.set(200, 10*time.Millisecond, nil)
+	got = got[:0]
+	for range 3 {
+		saturate()
+		got = append(got, l.InFlightLimit())
+	}
+	// The 429's own period raises nothing; then one per period.
+	if want := []int{20, 21, 22}; !slices.Equal(got, want) {
+		t.Fatalf("after the first decrease: limit per saturated period %v, want %v (additive)", got, want)
 	}
 }

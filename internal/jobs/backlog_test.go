@@ -39,14 +39,14 @@ func TestPullPausesWhileBacklogged(t *testing.T) {
 	backlogged.Store(true)
 	got := make(chan string, 3)
 	const slots = 4
-	sem := make(chan struct{}, slots)
+	sl := newSlots(slots)
 	pctx, pcancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pull(pctx, log, cons, sem, slots, 1, backlogged.Load, func(m jetstream.Msg) {
+		pull(pctx, log, cons, sl, 1, backlogged.Load, nil, func(m jetstream.Msg) {
 			_ = m.Ack()
-			<-sem
+			sl.free()
 			got <- m.Subject()
 		})
 	}()

@@ -66,8 +66,15 @@ const (
 type Options struct {
 	// Name names the consumer in logs.
 	Name string
-	// Slots is how many messages are running or requested at once.
+	// Slots is how many messages are running or requested at once, at
+	// most.
 	Slots int
+	// Window, when set, is how many of the Slots may be in use now: the
+	// runtime holds the messages running or requested to min(Slots,
+	// Window()), read whenever a job ends and every windowPoll while the
+	// window is full. A window that shrinks below what is in use takes no
+	// message away; no new one is requested until use falls below it.
+	Window func() int
 	// OneAtATime keeps one pull request for one message open at a time
 	// (see pull); otherwise a request asks for every free slot.
 	OneAtATime bool
@@ -121,7 +128,7 @@ func Run(ctx, hard context.Context, h Handler, o Options) {
 		o.Cause = func(err error) string { return err.Error() }
 	}
 	log := o.Log.With("consumer", o.Name)
-	sem := make(chan struct{}, o.Slots)
+	sl := newSlots(o.Slots)
 	var gate *subjectGate
 	if o.PerSubject {
 		gate = newSubjectGate(o.AckWait / 3)
@@ -133,17 +140,17 @@ func Run(ctx, hard context.Context, h Handler, o Options) {
 	dispatch := func(msg jetstream.Msg) {
 		if ctx.Err() != nil {
 			_ = msg.Nak()
-			<-sem
+			sl.free()
 			return
 		}
 		if gate != nil && !gate.admit(msg) {
-			<-sem // held until its subject's running job ends
+			sl.free() // held until its subject's running job ends
 			return
 		}
 		inflight.Add(1)
 		go func() {
 			defer inflight.Done()
-			defer func() { <-sem }()
+			defer sl.free()
 			o.runJob(hard, msg, h)
 			if gate == nil {
 				return
@@ -178,7 +185,7 @@ func Run(ctx, hard context.Context, h Handler, o Options) {
 			continue
 		}
 		delay = 100 * time.Millisecond
-		pull(ctx, log, cons, sem, o.Slots, batch, o.Backlogged, dispatch)
+		pull(ctx, log, cons, sl, batch, o.Backlogged, o.Window, dispatch)
 	}
 }
 

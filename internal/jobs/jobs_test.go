@@ -3,7 +3,9 @@ package jobs
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -202,6 +204,64 @@ func TestRunSlotsAndKeepAlive(t *testing.T) {
 	}
 	if runs.Load() != 3 {
 		t.Errorf("%d runs of 3 jobs: a job kept alive was redelivered", runs.Load())
+	}
+}
+
+// TestRunWindow: with a Window, the jobs running (and messages delivered
+// and not acknowledged) follow it within Slots: 3 while it says 3, 8 once
+// it grows to 8 without any job ending, and back down to 2 as jobs end
+// after it shrinks; every job runs once.
+func TestRunWindow(t *testing.T) {
+	r := newRig(t, 5*time.Second, 5, 16)
+	var window atomic.Int32
+	window.Store(3)
+	r.opts.Window = func() int { return int(window.Load()) }
+	var running, runs atomic.Int32
+	release := make(chan struct{})
+	h := func(ctx context.Context, env events.Envelope, subject string) error {
+		running.Add(1)
+		defer running.Add(-1)
+		runs.Add(1)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	const total = 30
+	for i := range total {
+		r.publish("j.ns.s"+strconv.Itoa(i), events.TypeDeleteJob, events.SyncJob{Key: "ns.x"})
+	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	wait := r.run(ctx, ctx, h)
+	defer wait()
+	defer cancel()
+	steady := func(want int32) {
+		t.Helper()
+		waitFor(t, 10*time.Second, fmt.Sprintf("%d jobs running", want), func() bool { return running.Load() == want })
+		time.Sleep(200 * time.Millisecond) // 10 window reads: nothing more is taken
+		if n := running.Load(); n != want {
+			t.Fatalf("%d jobs running, want %d (the window)", n, want)
+		}
+		if _, acks := r.pending(); acks != int(want) {
+			t.Fatalf("%d messages delivered and not acknowledged, want %d (the window)", acks, want)
+		}
+	}
+	steady(3)
+	window.Store(8)
+	steady(8)
+	window.Store(2)
+	for range 6 {
+		release <- struct{}{}
+	}
+	steady(2)
+	for range total - 6 {
+		release <- struct{}{}
+	}
+	waitFor(t, 10*time.Second, "every job acked", func() bool { return r.count(OK) == total })
+	if n := runs.Load(); n != total {
+		t.Errorf("%d runs of %d jobs", n, total)
 	}
 }
 

@@ -19,9 +19,35 @@ const (
 	// backlogPoll is how often a backlogged consumer checks whether it
 	// may pull again.
 	backlogPoll = 50 * time.Millisecond
+	// windowPoll is how often a consumer whose window (Options.Window) is
+	// full reads it again; a job that ends is seen at once.
+	windowPoll = 20 * time.Millisecond
 )
 
-// pull sends pull requests on cons for free slots of sem until ctx ends or
+// slots are a consumer's job slots: one is taken for each message
+// requested and freed when its job ends, or when it did not come.
+type slots struct {
+	sem   chan struct{}
+	freed chan struct{} // signalled whenever a slot frees
+}
+
+func newSlots(n int) *slots {
+	return &slots{sem: make(chan struct{}, n), freed: make(chan struct{}, 1)}
+}
+
+// free gives one slot back.
+func (s *slots) free() {
+	<-s.sem
+	select {
+	case s.freed <- struct{}{}:
+	default:
+	}
+}
+
+// inUse is how many slots are taken.
+func (s *slots) inUse() int { return len(s.sem) }
+
+// pull sends pull requests on cons for free slots of sl until ctx ends or
 // a request fails (the consumer is then re-attached by the caller).
 //
 // With batch 1 (the sync consumer) it keeps one pull request for one
@@ -38,29 +64,43 @@ const (
 // Otherwise each expiring fragment asked again for its own slot, and an
 // idle worker kept one request (and two goroutines) per slot open.
 //
+// It keeps at most window() slots in use (window may be nil: all of
+// them): while the window is full no request is sent, until a job ends
+// or the window grows (read every windowPoll).
+//
 // While backlogged (may be nil) reports true — a sync job here waits for
 // an apply slot — no new request is sent (checked every backlogPoll):
 // the jobs stay in the stream for workers that can start them, instead
 // of queueing behind this worker's applies (at 40 instances and more,
 // one worker had taken half of them and held some for minutes, until
 // discovery gave up on their results and sent them to another worker).
-func pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem chan struct{}, slots, batchMax int,
-	backlogged func() bool, dispatch func(jetstream.Msg)) {
+func pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sl *slots, batchMax int,
+	backlogged func() bool, window func() int, dispatch func(jetstream.Msg)) {
 	actx, cancel := context.WithCancel(ctx)
-	r := &requests{sem: sem, broken: make(chan error, 1), ended: make(chan struct{}, 1)}
+	r := &requests{slots: sl, broken: make(chan error, 1), ended: make(chan struct{}, 1)}
 	defer func() {
 		cancel() // ends the open pull requests
 		r.batches.Wait()
 	}()
 	for {
 		acquire := r.acquirable()
+		limit := cap(sl.sem)
+		if window != nil {
+			limit = max(1, min(limit, window()))
+		}
 		var resume <-chan time.Time
-		if backlogged != nil && backlogged() {
+		switch {
+		case backlogged != nil && backlogged():
 			// Saturated: leave the next jobs to workers with a free apply slot.
 			acquire, resume = nil, time.After(backlogPoll)
+		case acquire != nil && sl.inUse() >= limit:
+			// The window is full: wait for a job to end or the window to grow.
+			acquire, resume = nil, time.After(windowPoll)
 		}
 		select {
 		case acquire <- struct{}{}:
+		case <-sl.freed:
+			continue
 		case <-resume:
 			continue
 		case <-r.ended:
@@ -73,9 +113,9 @@ func pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem ch
 		}
 		n := 1
 	take:
-		for n < min(slots, batchMax) {
+		for n < batchMax && sl.inUse() < limit {
 			select {
-			case sem <- struct{}{}:
+			case sl.sem <- struct{}{}:
 				n++
 			default:
 				break take
@@ -86,7 +126,7 @@ func pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem ch
 		if err != nil {
 			fcancel()
 			for range n {
-				<-sem
+				sl.free()
 			}
 			if ctx.Err() == nil {
 				log.Warn("pull failed, re-attaching", "error", err)
@@ -113,7 +153,7 @@ func pull(ctx context.Context, log *slog.Logger, cons jetstream.Consumer, sem ch
 
 // requests tracks the open pull requests of one pull.
 type requests struct {
-	sem     chan struct{} // the job slots
+	slots   *slots
 	batches sync.WaitGroup
 	broken  chan error    // a request failed: the consumer is to be re-attached
 	ended   chan struct{} // a request ended
@@ -133,7 +173,7 @@ func (r *requests) acquirable() chan struct{} {
 		return nil // merge: wait for the open requests to end
 	}
 	r.dry = false
-	return r.sem
+	return r.slots.sem
 }
 
 func (r *requests) opened() {
@@ -153,7 +193,7 @@ func (r *requests) drain(actx context.Context, batch jetstream.MessageBatch, n i
 		dispatch(msg)
 	}
 	for range n - got {
-		<-r.sem
+		r.slots.free()
 	}
 	r.mu.Lock()
 	r.open--
