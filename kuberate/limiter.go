@@ -295,6 +295,9 @@ func (l *Limiter) InFlightLimit() int {
 	return l.slots()
 }
 
+// MaxInFlight is the in-flight limit's ceiling (Config.MaxInFlight).
+func (l *Limiter) MaxInFlight() int { return l.cfg.MaxInFlight }
+
 // QPS is the current rate, requests/s.
 func (l *Limiter) QPS() float32 {
 	l.mu.Lock()

@@ -39,11 +39,21 @@ type Config struct {
 	// consumer at once, most of them waiting on MAT or finding the status
 	// unchanged; default 32.
 	Fetches int
-	// DeleteJobs is how many delete jobs one worker runs at once; default 32.
+	// DeleteJobs is how many delete jobs one worker runs at once, at
+	// most; with Kube set they follow its in-flight limit (see
+	// deleteWindow). Default: 2 × Kube.MaxInFlight() with Kube, else 32.
 	DeleteJobs int
-	// Concurrency bounds the Kubernetes writes in flight in this worker,
-	// over all its jobs; default 32.
+	// Concurrency bounds the Kubernetes writes this worker has started,
+	// over all its jobs (with Kube, those beyond its in-flight limit wait
+	// in it for a slot). Default: 2 × Kube.MaxInFlight() with Kube, else
+	// 32.
 	Concurrency int
+	// Kube, when set, is the adaptive limit of the worker's Kubernetes
+	// client (a *kuberate.Limiter): how many requests the API server takes
+	// in flight now. The delete jobs a worker takes follow it, so one
+	// worker keeps as many deletes in flight as the API server takes
+	// rather than a fixed number.
+	Kube KubeWindow
 	// RetryMaxElapsed bounds the backoff of one API operation; default 60 s.
 	RetryMaxElapsed time.Duration
 	// OwnerTTL is how long the owner reference of an instance (one
@@ -85,11 +95,15 @@ func (c Config) withDefaults() Config {
 	if c.Fetches < c.Jobs {
 		c.Fetches = c.Jobs
 	}
+	auto := 32
+	if c.Kube != nil {
+		auto = 2 * max(1, c.Kube.MaxInFlight())
+	}
 	if c.DeleteJobs <= 0 {
-		c.DeleteJobs = 32
+		c.DeleteJobs = auto
 	}
 	if c.Concurrency <= 0 {
-		c.Concurrency = 32
+		c.Concurrency = auto
 	}
 	if c.OwnerTTL <= 0 {
 		c.OwnerTTL = 10 * time.Minute
@@ -104,6 +118,30 @@ func (c Config) withDefaults() Config {
 		c.InstanceResync = time.Minute
 	}
 	return c
+}
+
+// KubeWindow is an adaptive limit of Kubernetes API requests in flight
+// (kuberate.Limiter implements it).
+type KubeWindow interface {
+	// InFlightLimit is how many requests may be in flight now (≥ 1).
+	InFlightLimit() int
+	// MaxInFlight is that limit's ceiling.
+	MaxInFlight() int
+}
+
+// deleteWindow is how many delete jobs to keep running or requested: the
+// API client's in-flight limit and a quarter more (at least 4), so a
+// delete whose job is between its DELETE and its ack, or still being
+// pulled, leaves no in-flight slot idle; nil without Config.Kube (the
+// DeleteJobs slots alone).
+func (c Config) deleteWindow() func() int {
+	if c.Kube == nil {
+		return nil
+	}
+	return func() int {
+		n := c.Kube.InFlightLimit()
+		return n + max(4, n/4)
+	}
 }
 
 // Stats counts what a worker did since start.
@@ -275,7 +313,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	w.ready.Store(true)
 	w.log.Info("worker running", "worker", w.cfg.Name, "namespace", w.cfg.Plan.Namespace,
-		"jobs", w.cfg.Jobs, "fetches", w.cfg.Fetches, "delete_jobs", w.cfg.DeleteJobs, "concurrency", w.cfg.Concurrency)
+		"jobs", w.cfg.Jobs, "fetches", w.cfg.Fetches, "delete_jobs", w.cfg.DeleteJobs, "concurrency", w.cfg.Concurrency,
+		"delete_jobs_follow_kube_limit", w.cfg.Kube != nil)
 	wg.Wait()
 	w.ready.Store(false)
 	w.cache.Close(hard)
@@ -294,7 +333,8 @@ func (w *Worker) managedBy() string {
 // or events.DeleteConsumer) with slots jobs at once. The sync consumer
 // pulls one job at a time, runs one job per instance at a time, and
 // pulls nothing while a sync job here waits for an apply slot (see
-// acquireApplySlot), so other workers take the next jobs.
+// acquireApplySlot), so other workers take the next jobs. The delete
+// consumer keeps its jobs to deleteWindow.
 func (w *Worker) jobOptions(consumer string, slots int) jobs.Options {
 	o := jobs.Options{Name: consumer, Slots: slots, AckWait: w.bus.Config().AckWait, MaxDeliver: w.bus.Config().MaxDeliver,
 		Attach: func(ctx context.Context) (jetstream.Consumer, error) { return w.attach(ctx, consumer) },
@@ -303,6 +343,8 @@ func (w *Worker) jobOptions(consumer string, slots int) jobs.Options {
 	if consumer == events.SyncConsumer {
 		o.OneAtATime, o.PerSubject, o.Superseded = true, true, w.superseded
 		o.Backlogged = func() bool { return w.applyWaiting.Load() > 0 }
+	} else {
+		o.Window = w.cfg.deleteWindow()
 	}
 	return o
 }

@@ -44,6 +44,9 @@ type workerOpts struct {
 	matTrust *matclient.Trust
 	// metrics, when set (runWorker), receives the worker's measurements.
 	metrics *worker.Metrics
+	// kube, when set (runWorker with --kube-rate=adaptive), is the
+	// Kubernetes client's adaptive limit the delete jobs follow.
+	kube worker.KubeWindow
 }
 
 func (o *workerOpts) register(fs *flag.FlagSet) {
@@ -64,8 +67,8 @@ func (o *workerOpts) register(fs *flag.FlagSet) {
 	cliflag.DurationVar(fs, &o.ackWait, "ack-wait", 30*time.Second, "JetStream AckWait of the job consumers (progress is reported at a third of it)")
 	fs.IntVar(&o.jobs, "jobs", 8, "sync jobs one worker plans and applies at once (a job waiting for MAT holds no such slot)")
 	fs.IntVar(&o.fetches, "fetches", 32, "sync jobs one worker takes at once, most of them waiting for a MAT status or finding it unchanged")
-	fs.IntVar(&o.deleteJobs, "delete-jobs", 32, "delete jobs one worker runs at once")
-	fs.IntVar(&o.concurrency, "concurrency", 32, "Kubernetes writes in flight in one worker, over all its jobs")
+	fs.IntVar(&o.deleteJobs, "delete-jobs", 0, "delete jobs one worker runs at once, at most; with --kube-rate=adaptive they follow the API server: its current in-flight limit and a quarter more. 0: 2 × --kube-max-inflight with adaptive, 32 with fixed")
+	fs.IntVar(&o.concurrency, "concurrency", 0, "Kubernetes writes one worker has started, over all its jobs (with --kube-rate=adaptive those beyond its in-flight limit wait for a slot). 0: 2 × --kube-max-inflight with adaptive, 32 with fixed")
 	fs.IntVar(&o.maxDeliver, "max-deliver", 5, "deliveries of one job before it becomes an error event")
 	cliflag.DurationVar(fs, &o.errorWindow, "error-window", 30*time.Second, "error events for the same kind and target are limited to one per window")
 	fs.BoolVar(&o.kubeEvents, "kube-events", true, kubeEventsUsage)
@@ -91,8 +94,11 @@ const defaultMATBodyMaxAge = 5 * time.Minute
 const matBodyMaxAgeUsage = "how long a full resync may revalidate the status body this worker holds (If-None-Match; MAT answers 304 and sends no body) instead of fetching it whole; a MAT whose ETag failed to change is still read whole this often; 0 fetches every full resync whole. Only MATs that send strong ETags are affected"
 
 func (o *workerOpts) validate() error {
-	if o.jobs <= 0 || o.fetches <= 0 || o.deleteJobs <= 0 || o.concurrency <= 0 || o.maxDeliver <= 0 {
-		return fmt.Errorf("%w: --jobs, --fetches, --delete-jobs, --concurrency and --max-deliver must be positive", errUsage)
+	if o.jobs <= 0 || o.fetches <= 0 || o.maxDeliver <= 0 {
+		return fmt.Errorf("%w: --jobs, --fetches and --max-deliver must be positive", errUsage)
+	}
+	if o.deleteJobs < 0 || o.concurrency < 0 {
+		return fmt.Errorf("%w: --delete-jobs and --concurrency must be positive, or 0 for the default", errUsage)
 	}
 	if _, err := plan.ParseIPMode(o.ipMode); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
@@ -181,6 +187,7 @@ func (o *workerOpts) config(cls worker.Classifier, kev *kubeevents.Recorder) wor
 		InstanceResync: o.instanceResync,
 		Classifier:     cls,
 		Metrics:        o.metrics,
+		Kube:           o.kube,
 		Events:         kev,
 		Hold:           o.holdRule(),
 	}
@@ -215,6 +222,9 @@ func runWorker(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	cfg.UserAgent = kubeconn.UserAgent(version, "worker", o.workerName())
+	if k.limiter != nil {
+		o.kube = k.limiter
+	}
 	reg := health.NewRegistry(version, health.Revision(commit))
 	k.registerMetrics(reg)
 	// The readiness probe's GET /version gets its own client, left out of
