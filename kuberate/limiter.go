@@ -26,8 +26,8 @@ const (
 	// ReasonOverload: a 502, 503 or 504 (the API server or a proxy in
 	// front of it is overloaded or timed the request out).
 	ReasonOverload Reason = "overload"
-	// ReasonLatency: the latency of writes rose above Tolerance times
-	// their baseline.
+	// ReasonLatency: a standing queue: even the fastest write of a
+	// control period took more than Tolerance times its baseline.
 	ReasonLatency Reason = "latency"
 )
 
@@ -72,9 +72,12 @@ type Config struct {
 	// 100 ms.
 	Interval time.Duration
 	// Tolerance is the rise of write latency over its baseline that counts
-	// as the API server slowing down: a period whose writes took on
-	// average more than Tolerance × their baseline lowers the in-flight
-	// limit (default 3).
+	// as a standing queue in the API server: a period whose fastest write
+	// (per HTTP method) took more than Tolerance × its method's baseline
+	// lowers the in-flight limit (default 3). The fastest, not the mean,
+	// as CoDel judges a queue by its minimum delay: a burst queues some
+	// requests for a moment and a server that batches its commits answers
+	// some late, while a standing queue delays every request.
 	Tolerance float64
 	// Backoff multiplies both limits on a 429 or 5xx (default 0.5).
 	Backoff float64
@@ -160,8 +163,8 @@ func (c Config) withDefaults() (Config, error) {
 // both limits (Backoff) and a Retry-After pauses every new request for that
 // long; the latency of writes (POST, PUT, PATCH, DELETE; watches and other
 // long-running requests are left out) against a windowed minimum per
-// method lowers the in-flight limit when it rises above Tolerance times
-// the baseline. Each limit rises once per Interval, only in periods in
+// method lowers the in-flight limit when even the fastest write of a
+// period took more than Tolerance times the baseline (a standing queue). Each limit rises once per Interval, only in periods in
 // which demand hit it (a request waited for a token, or for a slot) and
 // nothing pushed back; the in-flight limit also only while the latency is
 // within Tolerance. The rate rises additively; the in-flight limit doubles
@@ -208,14 +211,12 @@ type Limiter struct {
 // period accumulates what one control period saw.
 type period struct {
 	start       time.Time
-	rateWaited  bool    // a request waited for a token
-	slotWaited  bool    // a request waited for an in-flight slot, or took the last one
-	pushback    bool    // a 429 or 5xx
-	peak        int     // most requests in flight at once
-	done        int     // requests answered
-	ratioSum    float64 // Σ latency/baseline over the write samples
-	samples     int
-	minByMethod map[string]time.Duration
+	rateWaited  bool                     // a request waited for a token
+	slotWaited  bool                     // a request waited for an in-flight slot, or took the last one
+	pushback    bool                     // a 429 or 5xx
+	peak        int                      // most requests in flight at once
+	done        int                      // requests answered
+	minByMethod map[string]time.Duration // the fastest write answered, per method
 }
 
 // apfKey is the API Priority and Fairness classification of a response.
@@ -454,9 +455,6 @@ func (l *Limiter) observe(o observation) {
 		if m, ok := l.period.minByMethod[o.method]; !ok || o.latency < m {
 			l.period.minByMethod[o.method] = o.latency
 		}
-		base := w.min(o.latency)
-		l.period.ratioSum += float64(max(o.latency, time.Microsecond)) / float64(max(base, time.Microsecond))
-		l.period.samples++
 	}
 }
 
@@ -515,13 +513,21 @@ func (l *Limiter) tick(now time.Time) {
 	if now.Sub(p.start) < l.cfg.Interval {
 		return
 	}
-	for m, d := range p.minByMethod {
-		l.baselines[m].add(now, d)
-	}
+	// A standing queue, as CoDel tells one: even the fastest write of the
+	// period took more than Tolerance × its method's baseline. A burst
+	// that queues some requests for a moment does not count, and neither
+	// does a server that needs many requests in flight to be busy (etcd
+	// batches its commits) as long as some of them are answered fast.
 	slow := false
-	if p.samples > 0 {
-		l.lastRatio = p.ratioSum / float64(p.samples)
-		slow = l.lastRatio > l.cfg.Tolerance
+	if len(p.minByMethod) > 0 {
+		ratio := 0.0
+		for m, d := range p.minByMethod {
+			base := l.baselines[m].min(d)
+			ratio = max(ratio, float64(max(d, time.Microsecond))/float64(max(base, time.Microsecond)))
+			l.baselines[m].add(now, d)
+		}
+		l.lastRatio = ratio
+		slow = ratio > l.cfg.Tolerance
 	}
 	// The rate answers the server's explicit pushback; the in-flight
 	// limit answers that and latency too (Little's law: with fewer
@@ -558,8 +564,9 @@ type Stats struct {
 	MaxInFlight   int     // its ceiling
 	InFlight      int     // requests in flight now (long-running ones not counted)
 	Waiting       int     // requests waiting for an in-flight slot
-	// LatencyRatio is the last control period's mean write latency ÷ its
-	// baseline (0 before the first write).
+	// LatencyRatio is the last control period's fastest write latency ÷
+	// its method's baseline, the largest over the methods (0 before the
+	// first write).
 	LatencyRatio float64
 	// Baselines is the latency baseline per HTTP method of writes.
 	Baselines map[string]time.Duration

@@ -431,3 +431,35 @@ func TestInFlightSlowStart(t *testing.T) {
 		t.Fatalf("after the first decrease: limit per saturated period %v, want %v (additive)", got, want)
 	}
 }
+
+// A period whose writes are slow on average but whose fastest write is
+// within Tolerance of the baseline is no standing queue (a burst, or a
+// server that answers in batches): the limit is not lowered. Once even
+// the fastest write of a period is slower than Tolerance × the baseline,
+// it is.
+func TestLatencyStandingQueue(t *testing.T) {
+	l, srv, rt := newTest(t, Config{MaxQPS: 1000, InitialInFlight: 10, MaxInFlight: 10, MinInFlight: 1, Interval: 2 * time.Second})
+	held := holdSlots(t, l, 9)
+	defer held()
+	send(t, rt, http.MethodPost, svcURL) // baseline 10 ms
+	srv.clk.Step(2 * time.Second)
+	l.TryAccept()
+	for _, lat := range []time.Duration{200, 20, 200, 200} { // mean 15.5×, fastest 2×
+		srv.set(200, lat*time.Millisecond, nil)
+		send(t, rt, http.MethodPost, svcURL)
+	}
+	srv.clk.Step(2 * time.Second)
+	l.TryAccept()
+	if s := l.Stats(); s.Decreases[ReasonLatency] != 0 || s.InFlightLimit != 10 || s.LatencyRatio != 2 {
+		t.Fatalf("slow writes with one within tolerance: %+v, want no decrease and a ratio of 2", s)
+	}
+	for _, lat := range []time.Duration{200, 40, 200} { // fastest 4×
+		srv.set(200, lat*time.Millisecond, nil)
+		send(t, rt, http.MethodPost, svcURL)
+	}
+	srv.clk.Step(2 * time.Second)
+	l.TryAccept()
+	if s := l.Stats(); s.Decreases[ReasonLatency] != 1 || s.InFlightLimit != 8 {
+		t.Fatalf("every write of the period above 3× the baseline: %+v, want one latency decrease to 8", s)
+	}
+}

@@ -12,7 +12,7 @@ import (
 //	<ns>_kube_inflight_limit                     gauge: current limit of requests in flight (watches not counted)
 //	<ns>_kube_inflight                           gauge: requests in flight now
 //	<ns>_kube_inflight_waiting                   gauge: requests waiting for an in-flight slot
-//	<ns>_kube_write_latency_ratio                gauge: last control period's mean write latency ÷ baseline
+//	<ns>_kube_write_latency_ratio                gauge: last control period's fastest write latency ÷ baseline
 //	<ns>_kube_write_latency_baseline_seconds{method}  gauge: windowed minimum write latency
 //	<ns>_kube_rate_decreases_total{reason}       counter: decreases, reason throttled|overload|latency
 //	<ns>_kube_rate_paused_seconds_total          counter: time new requests were held by Retry-After
@@ -29,7 +29,7 @@ func (l *Limiter) Collector(namespace string) prometheus.Collector {
 		limit:     d("inflight_limit", "Current limit of Kubernetes API requests in flight (watches not counted)."),
 		inflight:  d("inflight", "Kubernetes API requests in flight now (watches not counted)."),
 		waiting:   d("inflight_waiting", "Kubernetes API requests waiting for an in-flight slot."),
-		ratio:     d("write_latency_ratio", "Mean write latency of the last control period divided by its baseline (0 before the first write)."),
+		ratio:     d("write_latency_ratio", "Fastest write latency of the last control period divided by its method's baseline, the largest over the methods; above the tolerance (3) it lowers the in-flight limit (0 before the first write)."),
 		baseline:  d("write_latency_baseline_seconds", "Windowed minimum latency of Kubernetes API writes, by HTTP method.", "method"),
 		decreases: d("rate_decreases_total", "Decreases of the adaptive limits, by reason (throttled: 429; overload: 502/503/504; latency: writes slower than the tolerance allows).", "reason"),
 		paused:    d("rate_paused_seconds_total", "Seconds new Kubernetes API requests were held back by Retry-After."),
