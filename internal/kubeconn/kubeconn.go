@@ -43,6 +43,10 @@ type Config struct {
 	// adaptive limiter's ceilings.
 	QPSMax      float64
 	MaxInFlight int
+	// LatencyTolerance is the adaptive limiter's Tolerance: how many
+	// times its baseline even the fastest write of a 100 ms period may
+	// take before the in-flight limit is lowered (a standing queue).
+	LatencyTolerance float64
 	// Compression asks the API server to gzip its responses.
 	Compression bool
 	// UserAgent is every request's User-Agent, e.g. "matbus/v1.2.0".
@@ -53,7 +57,8 @@ type Config struct {
 }
 
 // AddFlags registers the --kubeconfig, --kube-rate, --kube-qps,
-// --kube-burst, --kube-qps-max, --kube-max-inflight and --kube-compression
+// --kube-burst, --kube-qps-max, --kube-max-inflight, --kube-latency-tolerance
+// and --kube-compression
 // flags on fs, with their defaults.
 func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file; empty means in-cluster configuration. The CA and client certificate files it names (and the in-cluster ca.crt) are re-read when they change and used from the next connection on; a token file is re-read by client-go; the kubeconfig itself is read once")
@@ -67,6 +72,8 @@ func (c *Config) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.QPSMax, "kube-qps-max", 1000, "hard ceiling of the adaptive rate, Kubernetes API requests per second, per process (--kube-rate=adaptive; "+
 		"on a small shared cluster use 15 with --kube-burst 30, see docs/performance.md)")
 	fs.IntVar(&c.MaxInFlight, "kube-max-inflight", 64, "hard ceiling of Kubernetes API requests in flight at once, per process (--kube-rate=adaptive; watches not counted)")
+	fs.Float64Var(&c.LatencyTolerance, "kube-latency-tolerance", 3, "with --kube-rate=adaptive, how many times its quickest latency (over 2 minutes) even the fastest Kubernetes write of a 100 ms period may take "+
+		"before the limit of requests in flight is lowered (the API server holds a standing queue); higher keeps more requests in flight on a busy API server, at its other clients' expense (> 1)")
 	fs.BoolVar(&c.Compression, "kube-compression", false, "ask the API server to gzip its responses, watch events included; "+
 		"off by default, as for kube-controller-manager and kube-scheduler: on a cluster network gzip costs the API server and matbus CPU "+
 		"(about 3 % of the API server's CPU during a delete fan-out here) and saves nothing that matters; turn it on across a slow link")
@@ -83,6 +90,9 @@ func (c *Config) Validate() error {
 	case RateAdaptive:
 		if !(c.QPSMax > 0) || math.IsInf(c.QPSMax, 0) || c.MaxInFlight <= 0 {
 			return errors.New("--kube-qps-max and --kube-max-inflight must be positive numbers")
+		}
+		if !(c.LatencyTolerance > 1) || math.IsInf(c.LatencyTolerance, 0) {
+			return fmt.Errorf("--kube-latency-tolerance %v: must be a number above 1", c.LatencyTolerance)
 		}
 	default:
 		return fmt.Errorf("--kube-rate %q: want adaptive or fixed", c.Rate)
@@ -132,7 +142,7 @@ func Apply(cfg *rest.Config, c Config) *kuberate.Limiter {
 	cfg.QPS, cfg.Burst = float32(c.QPS), c.Burst
 	var limiter *kuberate.Limiter
 	if c.Rate != RateFixed && c.QPSMax > 0 {
-		l, err := kuberate.New(kuberate.Config{MaxQPS: c.QPSMax, InitialQPS: c.QPS, Burst: c.Burst, MaxInFlight: c.MaxInFlight})
+		l, err := kuberate.New(kuberate.Config{MaxQPS: c.QPSMax, InitialQPS: c.QPS, Burst: c.Burst, MaxInFlight: c.MaxInFlight, Tolerance: c.LatencyTolerance})
 		if err == nil {
 			l.Apply(cfg)
 			limiter = l

@@ -33,6 +33,8 @@ func TestValidate(t *testing.T) {
 		{[]string{"--kube-burst=-1"}, "--kube-qps and --kube-burst"},
 		{[]string{"--kube-qps-max=0"}, "--kube-qps-max and --kube-max-inflight"},
 		{[]string{"--kube-rate=fast"}, `--kube-rate "fast"`},
+		{[]string{"--kube-latency-tolerance=1"}, "--kube-latency-tolerance 1: must be a number above 1"},
+		{[]string{"--kube-latency-tolerance=NaN"}, "--kube-latency-tolerance NaN"},
 	} {
 		if err := parse(t, tc.args...).Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.want)

@@ -154,6 +154,8 @@ shared one of nats.url / nats.credentials / nats.existingSecret.
   value: {{ .Values.common.kubeQPSMax | quote }}
 - name: MATBUS_KUBE_MAX_INFLIGHT
   value: {{ .Values.common.kubeMaxInFlight | quote }}
+- name: MATBUS_KUBE_LATENCY_TOLERANCE
+  value: {{ .Values.common.kubeLatencyTolerance | quote }}
 - name: MATBUS_KUBE_COMPRESSION
   value: {{ .Values.common.kubeCompression | quote }}
 - name: MATBUS_HEALTH_ADDR
