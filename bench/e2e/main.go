@@ -176,12 +176,16 @@ type bench struct {
 	audit   auditLog             // the API server's audit log
 	kube    kubernetes.Interface // admin, counted in reqs
 	raw     kubernetes.Interface // admin without a client-side rate limit (the floor)
-	reqs    atomic.Int64         // requests the harness itself sent to the API server
-	roles   roles                // the matbus processes running, for the CPU rows
-	fleets  *fleets
-	result  *result
-	mu      sync.Mutex
-	dirty   []string // namespaces cleanNamespace could not empty
+	// watch is the tracker's client: protobuf, the cheapest encoding of
+	// the watch events it costs the API server in the pipeline's phases
+	// (the floor's phases have no watch).
+	watch  kubernetes.Interface
+	reqs   atomic.Int64 // requests the harness itself sent to the API server
+	roles  roles        // the matbus processes running, for the CPU rows
+	fleets *fleets
+	result *result
+	mu     sync.Mutex
+	dirty  []string // namespaces cleanNamespace could not empty
 }
 
 func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) error {
@@ -351,6 +355,13 @@ func (b *bench) clients() error {
 	cfg.QPS, cfg.Burst = 500, 1000
 	var err error
 	if b.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+	watch := wrap(b.cluster.RESTConfig())
+	watch.QPS, watch.Burst = 500, 1000
+	watch.ContentType = "application/vnd.kubernetes.protobuf"
+	watch.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	if b.watch, err = kubernetes.NewForConfig(watch); err != nil {
 		return err
 	}
 	raw := wrap(b.cluster.RESTConfig())

@@ -54,7 +54,10 @@ type apiWindow struct {
 // phase is one timed change: from the change to the watch event that
 // completed it.
 type phase struct {
-	Seconds  float64 `json:"seconds"`
+	Seconds float64 `json:"seconds"`
+	// First is when the first of the Services was written (its watch
+	// event), seconds from the phase's start: the pipeline's reaction.
+	First    float64 `json:"first_seconds,omitempty"`
 	Count    int     `json:"services"`
 	TimedOut bool    `json:"timed_out,omitempty"`
 	Missing  int     `json:"missing,omitempty"`
@@ -228,6 +231,10 @@ func (r *result) rows() []tableRow {
 		{"4. delete rate", "Services/s", rateOf,
 			func(x *roundResult) (*float64, string) {
 				return cellOf(x.Delete, func(p *phase) float64 { return float64(p.Count) / max(p.Seconds, 1e-9) })
+			}},
+		{"4. fan-out: first Service gone", "s", nil,
+			func(x *roundResult) (*float64, string) {
+				return cellOf(x.Delete, func(p *phase) float64 { return p.First })
 			}},
 		cpuRow("kube-apiserver"), cpuRow("etcd"), cpuRow(roleMatbus), cpuRow("nats-server"), cpuRow("harness"),
 		{"4. matbus + nats-server CPU ÷ kube-apiserver's, per deleted Service", "×", nil,

@@ -61,7 +61,7 @@ func (b *bench) round(ctx context.Context, r *roundResult) error {
 		static = append(static, "mat-"+strconv.Itoa(i)+"="+host.urls[i])
 	}
 
-	tr, err := startTracker(rctx, b.kube, ns)
+	tr, err := startTracker(rctx, b.watch, ns)
 	if err != nil {
 		return err
 	}
@@ -326,7 +326,10 @@ func (b *bench) await(ctx context.Context, tr *tracker, w *waiter, t0 time.Time,
 		return p
 	}
 	p.Seconds = at.Sub(t0).Seconds()
-	b.logf("%s: %s in %.2fs", tag, what, p.Seconds)
+	if !w.first.IsZero() {
+		p.First = w.first.Sub(t0).Seconds()
+	}
+	b.logf("%s: %s in %.2fs (the first after %.2fs)", tag, what, p.Seconds, p.First)
 	return p
 }
 

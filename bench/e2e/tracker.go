@@ -23,13 +23,15 @@ type tracker struct {
 }
 
 // waiter waits until every one of names is present (want true) or absent
-// (want false). at is the receive time of the event that settled it.
+// (want false). at is the receive time of the event that settled it,
+// first that of the first event that settled one of the names.
 type waiter struct {
 	want    bool
 	names   map[string]struct{}
 	pending map[string]struct{}
 	done    chan struct{}
 	at      time.Time
+	first   time.Time
 }
 
 // startTracker starts an informer on the Services of ns and returns once
@@ -77,6 +79,9 @@ func (t *tracker) set(name string, present bool, at time.Time) {
 		}
 		if present == w.want {
 			delete(w.pending, name)
+			if w.first.IsZero() {
+				w.first = at
+			}
 		} else {
 			w.pending[name] = struct{}{}
 		}
