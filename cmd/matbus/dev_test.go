@@ -131,3 +131,43 @@ func TestDevPublisherConfig(t *testing.T) {
 		t.Errorf("dev's publisher configuration %+v, discovery's %+v", got, want)
 	}
 }
+
+// TestDevNamespaceDefault: dev's namespace matbus-dev is a default, which
+// NAMESPACE and --namespace override (the command line first), and a bad
+// value from the environment is refused as the same value on the command
+// line is.
+func TestDevNamespaceDefault(t *testing.T) {
+	parse := func(args []string, vars map[string]string) (string, error) {
+		t.Helper()
+		o, err := parseDev(args, env{stderr: io.Discard, lookupEnv: mapEnv(vars)})
+		if err != nil {
+			return "", err
+		}
+		return o.w.namespace, nil
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		vars map[string]string
+		want string
+	}{
+		{"default", nil, nil, "matbus-dev"},
+		{"environment", nil, map[string]string{"NAMESPACE": "lab"}, "lab"},
+		{"flag", []string{"--namespace", "mine"}, nil, "mine"},
+		{"flag over environment", []string{"--namespace", "mine"}, map[string]string{"NAMESPACE": "lab"}, "mine"},
+	} {
+		if got, err := parse(tc.args, tc.vars); err != nil || got != tc.want {
+			t.Errorf("%s: namespace %q, %v; want %q", tc.name, got, err, tc.want)
+		}
+	}
+	_, flagErr := parse([]string{"--namespace", "Bad_NS"}, nil)
+	_, envErr := parse(nil, map[string]string{"NAMESPACE": "Bad_NS"})
+	if flagErr == nil || envErr == nil || flagErr.Error() != envErr.Error() || !errors.Is(envErr, errUsage) {
+		t.Errorf("NAMESPACE=Bad_NS: %v; want the error of --namespace Bad_NS: %v", envErr, flagErr)
+	}
+	fs := cliflag.NewFlagSet("dev", "")
+	(&devOpts{}).register(fs)
+	if f := fs.Lookup("namespace"); f.DefValue != "matbus-dev" {
+		t.Errorf("--namespace default shown as %q, want matbus-dev", f.DefValue)
+	}
+}
