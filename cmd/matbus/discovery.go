@@ -153,13 +153,7 @@ func runDiscovery(ctx context.Context, args []string, e env) error {
 	o.register(fs)
 	fs.StringVar(&namespace, "namespace", "default", "namespace to discover MAT Services in (and of the Lease)")
 	h.AddFlags(fs)
-	validNamespace := func() error {
-		if _, err := events.Key(namespace, "x"); err != nil {
-			return fmt.Errorf("%w: --namespace: %v", errUsage, err)
-		}
-		return nil
-	}
-	log, err := b.parse(fs, args, e, "discovery", o.validate, asUsage(h.Validate), validNamespace)
+	log, err := b.parse(fs, args, e, "discovery", o.validate, asUsage(h.Validate), func() error { return validNamespace(namespace) })
 	if err != nil {
 		return err
 	}

@@ -93,6 +93,15 @@ const defaultMATBodyMaxAge = 5 * time.Minute
 
 const matBodyMaxAgeUsage = "how long a full resync may revalidate the status body this worker holds (If-None-Match; MAT answers 304 and sends no body) instead of fetching it whole; a MAT whose ETag failed to change is still read whole this often; 0 fetches every full resync whole. Only MATs that send strong ETags are affected"
 
+// validNamespace checks --namespace: a DNS label, as Kubernetes wants of
+// a namespace's name and events.Key of an instance key's namespace part.
+func validNamespace(ns string) error {
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return fmt.Errorf("%w: --namespace %q is not a DNS label: %s", errUsage, ns, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
 func (o *workerOpts) validate() error {
 	if o.jobs <= 0 || o.fetches <= 0 || o.maxDeliver <= 0 {
 		return fmt.Errorf("%w: --jobs, --fetches and --max-deliver must be positive", errUsage)
@@ -103,8 +112,8 @@ func (o *workerOpts) validate() error {
 	if _, err := plan.ParseIPMode(o.ipMode); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	if _, err := events.Key(o.namespace, "x"); err != nil {
-		return fmt.Errorf("%w: --namespace: %v", errUsage, err)
+	if err := validNamespace(o.namespace); err != nil {
+		return err
 	}
 	if _, err := worker.ParseCIDRs(o.serviceCIDRs); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
