@@ -93,3 +93,28 @@ func TestFill(t *testing.T) {
 		t.Errorf("an instance error: exit %d, want 1", failed.ExitCode())
 	}
 }
+
+// TestOneInstanceSingular: plan's and status's summaries say "1 instance",
+// not "1 instances".
+func TestOneInstanceSingular(t *testing.T) {
+	r := &Report{Namespace: "ns", IPMode: plan.IPModeClusterIP, Instances: []InstancePlan{{Key: "ns.x", Error: "status fetch failed"}}}
+	r.count()
+	var b bytes.Buffer
+	if err := WriteText(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	st := &Status{Namespace: "ns", Summary: Summary{Instances: 1, Services: 400, HeldDeletes: 400, HeldInstances: 1}}
+	if err := WriteStatusText(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"0 Services listed, 1 instance\n", "; 1 instance could not be planned", "\n1 instance, 400 Services;",
+		"held deletes: 400 Services of 1 instance whose"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "1 instances") {
+		t.Errorf("text says \"1 instances\":\n%s", out)
+	}
+}

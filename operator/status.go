@@ -460,10 +460,10 @@ func WriteStatusText(w io.Writer, st *Status) error {
 	default:
 		leader = fmt.Sprintf("discovery leader %s (leading %s, written %s ago)", l.Identity, age(st.Time, l.Since), age(st.Time, l.Updated))
 	}
-	fmt.Fprintf(w, "\n%d instances, %s Services; %s; %s\n", s.Instances, svc, strings.Join(cons, "; "), leader)
+	fmt.Fprintf(w, "\n%s, %s Services; %s; %s\n", plural(s.Instances, "instance"), svc, strings.Join(cons, "; "), leader)
 	if s.HeldInstances > 0 {
-		fmt.Fprintf(w, "held deletes: %d Services of %d instances whose devices vanished at once; each is deleted only if its device is still away after the hold's window (matbus errors --kind hold)\n",
-			s.HeldDeletes, s.HeldInstances)
+		fmt.Fprintf(w, "held deletes: %d Services of %s whose devices vanished at once; each is deleted only if its device is still away after the hold's window (matbus errors --kind hold)\n",
+			s.HeldDeletes, plural(s.HeldInstances, "instance"))
 	}
 	for _, u := range s.Unknown {
 		fmt.Fprintf(w, "unknown: %s\n", u)

@@ -8,6 +8,15 @@ import (
 	"time"
 )
 
+// plural returns n and noun, the noun in the singular for 1 and with an
+// s added otherwise: "1 instance", "3 instances".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
 // WriteJSON writes r as one indented JSON document. Errors: w's.
 func WriteJSON(w io.Writer, r *Report) error { return writeJSON(w, r, "plan") }
 
@@ -28,7 +37,7 @@ func writeJSON(w io.Writer, v any, what string) error {
 // Errors: w's.
 func WriteText(w io.Writer, r *Report) error {
 	b := &strings.Builder{}
-	fmt.Fprintf(b, "namespace %s, --bmc-ip-mode %s: %d Services listed, %d instances\n", r.Namespace, r.IPMode, r.Services, len(r.Instances))
+	fmt.Fprintf(b, "namespace %s, --bmc-ip-mode %s: %d Services listed, %s\n", r.Namespace, r.IPMode, r.Services, plural(len(r.Instances), "instance"))
 	for _, ip := range r.Instances {
 		writeInstanceText(b, ip)
 	}
@@ -141,7 +150,7 @@ func writeSummaryText(b *strings.Builder, r *Report) {
 			r.Changes, creates, updates, recreates, deletes, r.Adoptions)
 	}
 	if r.Errors > 0 {
-		fmt.Fprintf(b, "; %d instances could not be planned (what they would change is unknown):", r.Errors)
+		fmt.Fprintf(b, "; %s could not be planned (what they would change is unknown):", plural(r.Errors, "instance"))
 		for _, ip := range r.Instances {
 			if ip.Error != "" {
 				fmt.Fprintf(b, "\n  %s: %s", ip.Key, ip.Error)
