@@ -120,7 +120,8 @@ type Options struct {
 	// can make a simulator fail and heal it; anyone who reaches the port
 	// can, so it is off by default.
 	FaultControl bool
-	// Logger receives debug logs (requests, TLS handshake errors); nil
+	// Logger receives debug logs (requests, TLS handshake errors) and
+	// the warning for a fixture that does not decode as a MAT status; nil
 	// discards them.
 	Logger *slog.Logger
 }
@@ -218,6 +219,17 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("matsim: fixture: %w", err)
 		}
 		s.fixture = b
+	}
+	if s.fixture != nil {
+		// Served as it is all the same (a malformed body is what some
+		// fixtures are for), but Devices and BMCs count 0 for it.
+		if _, err := matclient.Decode(s.fixture); err != nil {
+			name := opts.FixturePath
+			if name == "" {
+				name = "Options.Fixture"
+			}
+			s.log.Warn("matsim: the fixture is not a MAT status: served byte for byte, counted as 0 devices", "fixture", name, "error", err)
+		}
 	}
 	cert, pair, err := serverCert(opts)
 	if err != nil {

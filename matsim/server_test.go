@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/matbus/matbus/internal/testenv"
 	"github.com/matbus/matbus/matclient"
 )
 
@@ -181,7 +183,14 @@ func TestServeFixture(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			s, url := start(t, Options{FixturePath: path})
+			var logs testenv.Buffer
+			s, url := start(t, Options{FixturePath: path, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			// A fixture that does not decode is named in a warning: its
+			// 0 devices are not a fleet of none.
+			if warned := strings.Contains(logs.String(), "level=WARN") && strings.Contains(logs.String(), "fixture="+path) &&
+				strings.Contains(logs.String(), "error="); warned != tt.wantDecodeFail {
+				t.Errorf("warned %v, want %v: %q", warned, tt.wantDecodeFail, logs.String())
+			}
 			code, got := get(t, http.MethodGet, url+"/machines/status")
 			if code != http.StatusOK || !bytes.Equal(got, want) {
 				t.Errorf("GET = %d, %d bytes; want 200 and the file byte for byte (%d bytes)", code, len(got), len(want))
