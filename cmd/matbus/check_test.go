@@ -37,6 +37,23 @@ func checkCluster(t *testing.T, args ...string) *kubelocal.Cluster {
 	return c
 }
 
+// deadKubeconfig writes a kubeconfig whose API server is not there
+// (https://127.0.0.1:1) and returns its path.
+func deadKubeconfig(t *testing.T) string {
+	t.Helper()
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return kc
+}
+
 // checkRow returns the result column of the row named name, "" if absent.
 func checkRowResult(out, name string) (result, line string) {
 	for _, l := range strings.Split(out, "\n") {
@@ -219,16 +236,7 @@ func TestCheckStreamReplicas(t *testing.T) {
 	t.Cleanup(ns.Shutdown)
 	// An API server that is not there: the Kubernetes rows fail, the NATS
 	// rows are what this test reads.
-	kc := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(kc, []byte(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
-users: [{name: u, user: {token: t}}]
-contexts: [{name: x, context: {cluster: c, user: u}}]
-current-context: x
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	kc := deadKubeconfig(t)
 	row := func(replicas string) string {
 		t.Helper()
 		code, out, errOut := runArgs(t, nil, "check", "--kubeconfig", kc, "--nats-url", ns.ClientURL(), "--namespace", "default",

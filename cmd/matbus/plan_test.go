@@ -429,3 +429,36 @@ func TestPlanTakeover(t *testing.T) {
 		}
 	})
 }
+
+// TestPlanChecksFlagsFirst: plan reads --static and --static-file before it
+// contacts anything, so a bad one gives check's message (exit 1, plan's
+// status for invalid flags; check's is 2), not an unreachable API server.
+func TestPlanChecksFlagsFirst(t *testing.T) {
+	kc := deadKubeconfig(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"bad --static", []string{"--static", "mat-0"}, `static instance "mat-0": want [namespace/]name=url`},
+		{"--static in another namespace", []string{"--static", "other/mat-0=https://x:1"}, `static instance other/mat-0 is not in --namespace "x"`},
+		{"missing --static-file", []string{"--static-file", "/nonexistent/instances.yaml"}, "--static-file /nonexistent/instances.yaml"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, cmd := range []struct {
+				name string
+				code int
+			}{{"check", 2}, {"plan", 1}} {
+				if cmd.name == "check" && strings.HasPrefix(tc.args[0], "--static-file") {
+					cmd.code = 1 // an unreadable file is not a usage error
+				}
+				args := append([]string{cmd.name, "--kubeconfig", kc, "--namespace", "x", "--leader-elect=false", "--timeout", "20s"}, tc.args...)
+				start := time.Now()
+				code, out, errOut := runArgs(t, nil, args...)
+				if code != cmd.code || !strings.Contains(errOut, tc.want) || strings.Contains(out+errOut, "127.0.0.1:1") || time.Since(start) > 3*time.Second {
+					t.Errorf("%s: exit %d after %v, want %d and %q at once, nothing contacted\n%s%s", cmd.name, code, time.Since(start).Round(time.Millisecond), cmd.code, tc.want, out, errOut)
+				}
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/matbus/matbus/discovery"
 	"github.com/matbus/matbus/events"
 	"github.com/matbus/matbus/internal/cliflag"
 	"github.com/matbus/matbus/internal/kubeconn"
@@ -48,6 +49,15 @@ func runPlan(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	n, k, w, d := &o.n, &o.k, &o.w, &o.d
+	// A static list is read before anything is contacted, so that a bad
+	// one is reported as check and discovery report it, not after an
+	// unreachable API server.
+	var src discovery.Source
+	if d.isStatic() {
+		if src, err = d.source(nil, w.namespace, log, nil); err != nil {
+			return err
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
@@ -62,9 +72,10 @@ func runPlan(ctx context.Context, args []string, e env) error {
 	if err := kubeconn.Reachable(ctx, kube, cfg.Host, reachWait); err != nil {
 		return err
 	}
-	src, err := d.source(kube, w.namespace, log, nil)
-	if err != nil {
-		return err
+	if src == nil {
+		if src, err = d.source(kube, w.namespace, log, nil); err != nil {
+			return err
+		}
 	}
 	insts, err := operator.Instances(ctx, src)
 	if err != nil {
