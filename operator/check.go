@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -95,6 +96,8 @@ type checker struct {
 	cfg  CheckConfig
 	log  *slog.Logger
 	kube kubernetes.Interface // nil unless the API server answered
+	// nsMissing: the API server said the namespace does not exist.
+	nsMissing bool
 
 	mu   sync.Mutex // rows: discovery's callback adds from its own goroutine
 	rows []CheckRow
@@ -108,7 +111,8 @@ func (c *checker) add(name string, r CheckResult, format string, args ...any) {
 }
 
 // Check runs the pre-flight checks in order: NATS and JetStream (and
-// --stream-replicas against the cluster), the Kubernetes API, the RBAC of
+// --stream-replicas against the cluster), the Kubernetes API, whether the
+// namespace exists, the RBAC of
 // every call the worker and discovery make (SelfSubjectAccessReview), the
 // service range, one status fetch per discovered MAT instance, their BMC and
 // NVOS IPs against the service range for the IP mode, and whether the API
@@ -121,6 +125,7 @@ func Check(ctx context.Context, cfg CheckConfig) []CheckRow {
 	}
 	c.checkNATS(ctx)
 	if c.checkKube() {
+		c.checkNamespace(ctx)
 		c.checkRBAC(ctx)
 	}
 	cidrs := c.serviceRange(ctx)
@@ -222,6 +227,27 @@ func (c *checker) checkKube() bool {
 	c.kube = c.cfg.Kube
 	c.add("Kubernetes API", CheckOK, "%s, %s", c.cfg.KubeHost, v.GitVersion)
 	return true
+}
+
+// checkNamespace asks for the namespace of the Services: a worker cannot
+// create a Service in a namespace that does not exist (and does not create
+// namespaces). An identity without get on namespaces cannot tell; that is
+// no failure, since matbus itself never reads namespaces.
+func (c *checker) checkNamespace(ctx context.Context) {
+	const name = "namespace"
+	ns := c.cfg.Options.Namespace
+	_, err := c.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+	switch {
+	case err == nil:
+		c.add(name, CheckOK, "%s exists", ns)
+	case apierrors.IsNotFound(err):
+		c.nsMissing = true
+		c.add(name, CheckFail, "namespace %q does not exist, so every Service create fails: create it (kubectl create namespace %s) or set --namespace", ns, ns)
+	case apierrors.IsForbidden(err):
+		c.add(name, CheckWarn, "could not verify that %s exists: this identity may not get namespaces (matbus does not need to)", ns)
+	default:
+		c.add(name, CheckWarn, "could not verify that %s exists: %v", ns, err)
+	}
 }
 
 // rbacNeed is one API call matbus makes.
@@ -546,6 +572,9 @@ func (c *checker) checkExternalIPs(ctx context.Context, ips []serviceIP) {
 	case err == nil:
 		c.add(name, CheckOK, "a dry-run create with spec.externalIPs [%s] was accepted", ip)
 		c.checkExternalIPsDeprecated(needed)
+	case c.nsMissing || apierrors.IsNotFound(err):
+		// A create is refused as not found only for a missing namespace.
+		c.add(name, CheckWarn, "cannot tell: namespace %q does not exist (see the namespace row): %v", c.cfg.Options.Namespace, err)
 	case c.createAllowed(ctx):
 		hint := ""
 		if !needed {

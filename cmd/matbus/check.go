@@ -16,7 +16,7 @@ import (
 )
 
 func runCheck(ctx context.Context, args []string, e env) error {
-	fs := cliflag.NewFlagSet("check", "Tell, before install, what will fail: NATS and JetStream, the Kubernetes API, RBAC, "+
+	fs := cliflag.NewFlagSet("check", "Tell, before install, what will fail: NATS and JetStream, the Kubernetes API, the namespace, RBAC, "+
 		"the BMC and NVOS IPs of the MAT statuses against the service range for --bmc-ip-mode, whether the API server "+
 		"admits spec.externalIPs, and --stream-replicas against the NATS cluster. Takes the flags and environment of `worker` and `discovery`; prints a table and exits 1 on a problem.")
 	var (

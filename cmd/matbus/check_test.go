@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"os"
@@ -95,10 +96,10 @@ func TestCheck(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = sim.Close() })
 
-	check := func(c *kubelocal.Cluster, natsURL, mode string) (int, string) {
+	check := func(c *kubelocal.Cluster, natsURL, mode, namespace string) (int, string) {
 		t.Helper()
 		code, out, errOut := runArgs(t, nil, "check", "--kubeconfig", c.Kubeconfig, "--nats-url", natsURL,
-			"--namespace", "default", "--static", "mat-a="+url, "--leader-elect=false", "--bmc-ip-mode", mode,
+			"--namespace", namespace, "--static", "mat-a="+url, "--leader-elect=false", "--bmc-ip-mode", mode,
 			"--log-level", "error", "--timeout", "1m")
 		t.Logf("check %s %s: exit %d\n%s%s", c.URL, mode, code, out, errOut)
 		return code, out
@@ -111,10 +112,12 @@ func TestCheck(t *testing.T) {
 		mode     string
 		wantCode int
 		rows     []want
+		ns       string // "" is default
 	}{
 		{"external-ip, externalIPs admitted", open, ns.ClientURL(), "external-ip", 0, []want{
 			{"NATS", "ok", "JetStream"},
 			{"Kubernetes API", "ok", ""},
+			{"namespace", "ok", "default exists"},
 			{"RBAC worker", "ok", ""},
 			{"RBAC Kubernetes Events", "ok", "every call allowed"},
 			{"service range", "ok", "10.96.0.0/16"},
@@ -123,24 +126,30 @@ func TestCheck(t *testing.T) {
 			{"externalIPs admitted", "ok", ""},
 			// The API server of the tests (v1.37) deprecates the field.
 			{"externalIPs deprecation", "warn", "spec.externalIPs is deprecated"},
-		}},
+		}, ""},
 		{"external-ip, DenyServiceExternalIPs", deny, ns.ClientURL(), "external-ip", 1, []want{
 			{"IPs vs service range (external-ip)", "ok", ""},
 			{"externalIPs admitted", "FAIL", "DenyServiceExternalIPs"},
-		}},
+		}, ""},
 		{"cluster-ip, IPs outside the range, DenyServiceExternalIPs", deny, ns.ClientURL(), "cluster-ip", 1, []want{
 			{"IPs vs service range (cluster-ip)", "FAIL", "7 of 7 IPs outside"},
 			{"IPs vs service range (cluster-ip)", "FAIL", "create a ServiceCIDR"},
 			{"externalIPs admitted", "warn", "not needed in cluster-ip mode"},
-		}},
+		}, ""},
 		{"NATS unreachable", open, "nats://127.0.0.1:1", "external-ip", 1, []want{
 			{"NATS", "FAIL", "127.0.0.1:1"},
 			{"externalIPs admitted", "ok", ""},
-		}},
+		}, ""},
+		// The create of a Service in a namespace that does not exist is
+		// refused; that is not the admission plugin's doing.
+		{"namespace missing", open, ns.ClientURL(), "external-ip", 1, []want{
+			{"namespace", "FAIL", "kubectl create namespace ghost"},
+			{"externalIPs admitted", "warn", `namespace "ghost" does not exist`},
+		}, "ghost"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			code, out := check(tc.cluster, tc.nats, tc.mode)
+			code, out := check(tc.cluster, tc.nats, tc.mode, cmp.Or(tc.ns, "default"))
 			if code != tc.wantCode {
 				t.Errorf("exit %d, want %d", code, tc.wantCode)
 			}
@@ -205,6 +214,7 @@ func TestCheckRBAC(t *testing.T) {
 		{"RBAC Kubernetes Events", "FAIL", "create events.events.k8s.io, patch events.events.k8s.io"},
 		{"MAT status default.mat-a", "FAIL", "127.0.0.1:1"},
 		{"externalIPs admitted", "warn", "cannot tell"},
+		{"namespace", "warn", "could not verify that default exists"},
 	} {
 		got, line := checkRowResult(out, w.row)
 		if got != w.result || !strings.Contains(line, w.contains) {

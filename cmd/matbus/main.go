@@ -40,7 +40,7 @@ func subcommands() map[string]subcommand {
 		"errors":    {summary: "Print error events as they arrive (and recent ones with --since).", run: runErrors},
 		"matsim":    {summary: "Serve a simulated MAT `GET /machines/status` from a generated fleet or a fixture file.", run: runMatsim},
 		"probe":     {summary: "GET a URL and exit 0 on a 2xx answer (a healthcheck for containers without curl).", run: runProbe},
-		"check":     {summary: "Pre-flight check: what will fail (NATS, Kubernetes API, RBAC, IP ranges, externalIPs admission); exits 1 on a problem.", run: runCheck},
+		"check":     {summary: "Pre-flight check: what will fail (NATS, Kubernetes API, namespace, RBAC, IP ranges, externalIPs admission); exits 1 on a problem.", run: runCheck},
 		"plan":      {summary: "Dry run: what a worker would create, update, recreate, delete and adopt in the namespace; writes nothing; exits 2 when something would change, 1 on an error or invalid flags.", run: runPlan, usageStatus: 1},
 		"status":    {summary: "One row per instance (rotation, last good sync, Services, last error, worker, published) and the pipeline's summary, from what matbus publishes.", run: runStatus},
 		"version":   {summary: "Print the matbus version.", run: runVersion},
