@@ -43,10 +43,6 @@ func (o *natsOpts) register(fs *flag.FlagSet) {
 	fs.StringVar(&o.prefix, "subject-prefix", events.DefaultPrefix, "first token(s) of every matbus subject")
 }
 
-// registerTLS adds the TLS flags of commands that connect to a NATS of the
-// operator's (not dev's embedded server).
-func (o *natsOpts) registerTLS(fs *flag.FlagSet) { o.AddTLSFlags(fs) }
-
 // registerReplicas adds --stream-replicas to the commands that create the
 // streams (worker, discovery).
 func (o *natsOpts) registerReplicas(fs *flag.FlagSet) {
@@ -110,7 +106,7 @@ func (o *baseOpts) register(fs *flag.FlagSet) { o.registerAt(fs, "info") }
 // registerAt registers the flags with --log-level's default level.
 func (o *baseOpts) registerAt(fs *flag.FlagSet, level string) {
 	o.n.register(fs)
-	o.n.registerTLS(fs)
+	o.n.AddTLSFlags(fs) // an operator's NATS, not dev's embedded one
 	o.n.registerReplicas(fs)
 	o.l.registerAt(fs, level)
 	o.k.register(fs)

@@ -24,7 +24,7 @@ func runErrors(ctx context.Context, args []string, e env) error {
 	var asJSON, follow bool
 	var healthAddr string
 	n.register(fs)
-	n.registerTLS(fs)
+	n.AddTLSFlags(fs)
 	fs.DurationVar(&since, "since", 0, "also print events of this long ago (e.g. 1h); 0 prints only new ones")
 	fs.Var(&kinds, "kind", "only these kinds (delete, fetch, create, update, close, event, discovery, plan, watch); repeatable")
 	fs.BoolVar(&asJSON, "json", false, "print each event as its JSON envelope")

@@ -31,7 +31,7 @@ func runStatus(ctx context.Context, args []string, e env) error {
 		output     string
 	)
 	n.register(fs)
-	n.registerTLS(fs)
+	n.AddTLSFlags(fs)
 	l.registerQuiet(fs)
 	k.register(fs)
 	w.register(fs)

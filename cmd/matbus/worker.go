@@ -44,8 +44,7 @@ type workerOpts struct {
 	matTrust *matclient.Trust
 	// metrics, when set (runWorker), receives the worker's measurements.
 	metrics *worker.Metrics
-	// kube, when set (runWorker with --kube-rate=adaptive), is the
-	// Kubernetes client's adaptive limit the delete jobs follow.
+	// kube is the adaptive Kubernetes limit (runWorker; nil when fixed).
 	kube worker.KubeWindow
 }
 
@@ -103,11 +102,8 @@ func validNamespace(ns string) error {
 }
 
 func (o *workerOpts) validate() error {
-	if o.jobs <= 0 || o.fetches <= 0 || o.maxDeliver <= 0 {
-		return fmt.Errorf("%w: --jobs, --fetches and --max-deliver must be positive", errUsage)
-	}
-	if o.deleteJobs < 0 || o.concurrency < 0 {
-		return fmt.Errorf("%w: --delete-jobs and --concurrency must be positive, or 0 for the default", errUsage)
+	if o.jobs <= 0 || o.fetches <= 0 || o.maxDeliver <= 0 || o.deleteJobs < 0 || o.concurrency < 0 {
+		return fmt.Errorf("%w: --jobs, --fetches and --max-deliver must be positive; --delete-jobs and --concurrency positive, or 0 for the default", errUsage)
 	}
 	if _, err := plan.ParseIPMode(o.ipMode); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
