@@ -17,6 +17,26 @@ import (
 	"github.com/matbus/matbus/kubeevents"
 )
 
+// DefaultPollMaxInterval is the default bound of a stretched poll
+// interval (the CLI's --poll-max-interval): a change after a quiet spell
+// waits at most this long for its poll, which keeps the reaction p99 (this
+// plus a sync's own time) under 2 s (ADR 23).
+const DefaultPollMaxInterval = 1500 * time.Millisecond
+
+// PollMaxInterval settles a configured PollMaxInterval v: v when it was
+// given (then it must lie in [poll, sync], else the error says so), else
+// the default v raised to poll and cut to sync, so an older configuration
+// with a longer poll interval stretches nothing and is no error.
+func PollMaxInterval(poll, v time.Duration, given bool, sync time.Duration) (time.Duration, error) {
+	if !given {
+		return min(max(v, poll), sync), nil
+	}
+	if v < poll || v > sync {
+		return 0, fmt.Errorf("--poll-max-interval %v must be at least --poll-interval (%v) and at most --sync-interval (%v); equal to --poll-interval turns the stretch off", v, poll, sync)
+	}
+	return v, nil
+}
+
 // SchedulerConfig tunes a Scheduler. Zero values mean the defaults.
 type SchedulerConfig struct {
 	// PollInterval is how often each instance's status is polled; an

@@ -55,10 +55,7 @@ func (o *devOpts) register(fs *flag.FlagSet) {
 	fs.BoolVar(&o.verbose, "v", false, "show the process logs (every component's log lines) on stderr instead of writing them to a file")
 	fs.StringVar(&o.stateDir, "state-dir", "", "folder of the local kube-apiserver's data and logs (default: a temporary one, removed on exit; those of killed runs are removed at the next start)")
 	fs.StringVar(&o.sourceListAddr, "source-list-addr", "127.0.0.1:0", "address of the sources API (GET /v1/sources, as `discovery` serves it; port 0 picks a free one); empty disables")
-	// dev's own defaults differ from the worker's. They are defaults, not
-	// values set: the environment (NAMESPACE) and the command line still
-	// override them (fs.Set would mark the flag given, and Parse would then
-	// skip its variable).
+	// dev's own default (not fs.Set: NAMESPACE and the flag still override it).
 	o.w.namespace = "matbus-dev"
 	fs.Lookup("namespace").DefValue = "matbus-dev"
 }

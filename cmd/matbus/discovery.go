@@ -303,12 +303,12 @@ type schedOpts struct {
 func (o *schedOpts) register(fs *flag.FlagSet, sync time.Duration, syncUsage, pollUsage string) {
 	cliflag.DurationVar(fs, &o.interval, "sync-interval", sync, syncUsage)
 	cliflag.DurationVar(fs, &o.poll, "poll-interval", time.Second, pollUsage)
-	cliflag.GivenDurationVar(fs, &o.pollMax, &o.pollMaxGiven, "poll-max-interval", defaultPollMaxInterval, pollMaxUsage)
+	cliflag.GivenDurationVar(fs, &o.pollMax, &o.pollMaxGiven, "poll-max-interval", discovery.DefaultPollMaxInterval, pollMaxUsage)
 	cliflag.DurationVar(fs, &o.probeMax, "probe-max-interval", 2*time.Minute, "longest wait between probes of an instance taken out of rotation after failed fetches")
 }
 
 // validate checks the intervals against each other and settles
-// --poll-max-interval (pollMaxInterval).
+// --poll-max-interval (discovery.PollMaxInterval).
 func (o *schedOpts) validate() error {
 	if o.interval < time.Second {
 		return fmt.Errorf("%w: --sync-interval must be at least 1s", errUsage)
@@ -317,8 +317,8 @@ func (o *schedOpts) validate() error {
 		return fmt.Errorf("%w: --poll-interval must be at least 100ms and at most --sync-interval", errUsage)
 	}
 	var err error
-	if o.pollMax, err = pollMaxInterval(o.poll, o.pollMax, o.pollMaxGiven, o.interval); err != nil {
-		return err
+	if o.pollMax, err = discovery.PollMaxInterval(o.poll, o.pollMax, o.pollMaxGiven, o.interval); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	if o.probeMax < o.poll {
 		return fmt.Errorf("%w: --probe-max-interval must be at least --poll-interval", errUsage)
@@ -333,22 +333,4 @@ func (o *schedOpts) publisherConfig(kev *kubeevents.Recorder) discovery.Publishe
 		Scheduler: discovery.SchedulerConfig{PollInterval: o.poll, PollMaxInterval: o.pollMax, SyncInterval: o.interval, ProbeMaxInterval: o.probeMax, Events: kev}}
 }
 
-// defaultPollMaxInterval is --poll-max-interval's default: a change after
-// a quiet spell waits at most this long for its poll, which keeps the
-// reaction p99 (this plus a sync's own time) under 2 s (ADR 23).
-const defaultPollMaxInterval = 1500 * time.Millisecond
-
 const pollMaxUsage = "longest interval at which an instance is polled while MAT answers its polls 304 Not Modified (it grows from --poll-interval and steps back to it after any change or failure); a MAT without ETags is polled every --poll-interval; equal to --poll-interval turns the stretch off; at most --sync-interval (not set: the default, or --poll-interval when that is longer)"
-
-// pollMaxInterval is the effective --poll-max-interval v: v when it was
-// given (it must lie in [poll, sync]), else the default raised to poll
-// and cut to sync.
-func pollMaxInterval(poll, v time.Duration, given bool, sync time.Duration) (time.Duration, error) {
-	if !given {
-		return min(max(v, poll), sync), nil
-	}
-	if v < poll || v > sync {
-		return 0, fmt.Errorf("%w: --poll-max-interval %v must be at least --poll-interval (%v) and at most --sync-interval (%v); equal to --poll-interval turns the stretch off", errUsage, v, poll, sync)
-	}
-	return v, nil
-}

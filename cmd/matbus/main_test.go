@@ -151,29 +151,6 @@ func TestDevOnce(t *testing.T) {
 	}
 }
 
-// --poll-max-interval: a given value is taken as it is; the default is
-// raised to a longer --poll-interval (no stretch, no usage error for an
-// older configuration) and cut to --sync-interval.
-func TestPollMaxInterval(t *testing.T) {
-	for _, c := range []struct {
-		poll, v time.Duration
-		given   bool
-		sync    time.Duration
-		want    time.Duration
-	}{
-		{time.Second, defaultPollMaxInterval, false, 30 * time.Second, 1500 * time.Millisecond},
-		{2 * time.Second, defaultPollMaxInterval, false, 30 * time.Second, 2 * time.Second},
-		{time.Second, defaultPollMaxInterval, false, time.Second, time.Second},
-		{time.Second, time.Second, true, 30 * time.Second, time.Second},
-		{time.Second, 5 * time.Second, true, 30 * time.Second, 5 * time.Second},
-	} {
-		got, err := pollMaxInterval(c.poll, c.v, c.given, c.sync)
-		if err != nil || got != c.want {
-			t.Errorf("pollMaxInterval(%v, %v, %v, %v) = %v, %v; want %v", c.poll, c.v, c.given, c.sync, got, err, c.want)
-		}
-	}
-}
-
 // TestBadStaticListConnectsNothing: a static list that does not parse or
 // names no instance is a usage error before discovery connects to NATS.
 func TestBadStaticListConnectsNothing(t *testing.T) {

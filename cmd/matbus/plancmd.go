@@ -49,9 +49,7 @@ func runPlan(ctx context.Context, args []string, e env) error {
 		return err
 	}
 	n, k, w, d := &o.n, &o.k, &o.w, &o.d
-	// A static list is read before anything is contacted, so that a bad
-	// one is reported as check and discovery report it, not after an
-	// unreachable API server.
+	// A bad static list is reported before anything is contacted.
 	var src discovery.Source
 	if d.isStatic() {
 		if src, err = d.source(nil, w.namespace, log, nil); err != nil {
