@@ -1,10 +1,12 @@
 package events
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -159,6 +161,71 @@ func StateHoldsIn(ns string) string {
 	return "hold." + ns + ".*"
 }
 
+// WorkerState is the state bucket's entry StateWorkerKey(namespace, Name):
+// one running worker and the configuration it writes Services with. Each
+// worker writes its entry when it starts (before it takes a job) and every
+// StateRefresh after that, and removes it when it stops cleanly; an entry
+// whose Updated is older than WorkerStale is of a worker that is gone.
+//
+// It is an input, like HoldRecord: two workers whose Fingerprints differ
+// would write the same Services differently (another --bmc-ip-mode, for
+// one) and undo each other's writes while they run side by side, as in a
+// rolling update. So a worker stands by — takes no job — while a live
+// worker with another Fingerprint and a higher Epoch is active, and a
+// worker that starts waits until the live, active workers of another
+// Fingerprint and a lower Epoch stand by (docs/adr/0035-configuration-handover.md).
+type WorkerState struct {
+	Name string `json:"name"`
+	// Fingerprint identifies the options that shape the Services the
+	// worker writes (plan.Options.Fingerprint, e.g. "3f9a0c21d4e7").
+	Fingerprint string `json:"fingerprint"`
+	// Epoch is the bucket revision of the worker's first entry: assigned by
+	// the NATS server, so it orders workers by when they started without
+	// trusting their clocks. 0 in that first entry (its revision is its
+	// epoch; see WorkerEpoch).
+	Epoch uint64 `json:"epoch,omitempty"`
+	// Standby is set while the worker takes no jobs because a worker with
+	// another Fingerprint and a higher Epoch is active; StandbyFor names
+	// that worker.
+	Standby    bool   `json:"standby,omitempty"`
+	StandbyFor string `json:"standby_for,omitempty"`
+	// Updated is when the worker wrote this entry (its clock).
+	Updated time.Time `json:"updated"`
+}
+
+// WorkerStale is how old a WorkerState's Updated may be before the entry
+// counts as that of a worker that is gone (three missed refreshes).
+const WorkerStale = 3 * StateRefresh
+
+// WorkerEpoch is the epoch of a WorkerState read at bucket revision rev:
+// its Epoch, or rev for the first entry (Epoch 0).
+func WorkerEpoch(s WorkerState, rev uint64) uint64 {
+	if s.Epoch == 0 {
+		return rev
+	}
+	return s.Epoch
+}
+
+// StateWorkerKey is the state bucket's key of worker name in namespace ns:
+// "worker.<ns>.<name>", with every character a key may not hold in name
+// (anything but letters, digits, '-', '_' and '=') written as '_'.
+func StateWorkerKey(ns, name string) string {
+	safe := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '=':
+			return r
+		}
+		return '_'
+	}, name)
+	if safe == "" {
+		safe = "_"
+	}
+	return "worker." + ns + "." + safe
+}
+
+// StateWorkersIn matches the worker keys of namespace ns.
+func StateWorkersIn(ns string) string { return "worker." + ns + ".*" }
+
 // StateKV returns the state bucket, bound as it is, or created (as by
 // EnsureState) when it does not exist yet: a worker may start before any
 // discovery leader.
@@ -204,6 +271,51 @@ func (b *Bus) ReadHolds(ctx context.Context, ns string) (map[string]HoldRecord, 
 			var h HoldRecord
 			if json.Unmarshal(e.Value(), &h) == nil && StateHoldKey(h.Key) == e.Key() {
 				out[h.Key] = h
+			}
+		}
+	}
+}
+
+// WorkerEntry is a worker's entry as ReadWorkers read it: the entry, its
+// epoch (WorkerEpoch) and when the bucket stored it (the server's clock).
+type WorkerEntry struct {
+	WorkerState
+	EpochOf uint64    `json:"epoch_of"`
+	Stored  time.Time `json:"stored"`
+}
+
+// ReadWorkers returns the worker entries of namespace ns, sorted by epoch
+// (stale ones included: compare Stored with WorkerStale). Entries that do
+// not decode are skipped. Errors: ErrNoState, or the bucket cannot be read.
+func (b *Bus) ReadWorkers(ctx context.Context, ns string) ([]WorkerEntry, error) {
+	kv, err := b.js.KeyValue(ctx, b.StateBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, ErrNoState
+	}
+	if err != nil {
+		return nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
+	}
+	w, err := kv.WatchFiltered(ctx, []string{StateWorkersIn(ns)}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("events: read workers in %s: %w", b.StateBucket(), err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []WorkerEntry
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("events: read workers in %s: %w", b.StateBucket(), ctx.Err())
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("events: read workers in %s: watcher stopped", b.StateBucket())
+			}
+			if e == nil {
+				slices.SortFunc(out, func(a, b WorkerEntry) int { return cmp.Compare(a.EpochOf, b.EpochOf) })
+				return out, nil
+			}
+			var s WorkerState
+			if json.Unmarshal(e.Value(), &s) == nil && s.Fingerprint != "" {
+				out = append(out, WorkerEntry{WorkerState: s, EpochOf: WorkerEpoch(s, e.Revision()), Stored: e.Created()})
 			}
 		}
 	}

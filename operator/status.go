@@ -135,6 +135,11 @@ type Summary struct {
 	// force), over HeldInstances instances.
 	HeldDeletes   int `json:"held_deletes"`
 	HeldInstances int `json:"held_instances"`
+	// Workers are the live workers' entries of the state bucket, oldest
+	// epoch first: a worker standing by (Standby) takes no jobs because a
+	// worker with another configuration started later (ADR 35). Entries
+	// not rewritten for events.WorkerStale are left out.
+	Workers []events.WorkerEntry `json:"workers"`
 	// Unknown lists the parts that could not be read, and why.
 	Unknown []string `json:"unknown,omitempty"`
 }
@@ -220,6 +225,15 @@ func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 	holds, err := bus.ReadHolds(ctx, ns)
 	if err != nil && !errors.Is(err, events.ErrNoState) {
 		sum.Unknown = append(sum.Unknown, "holds: "+err.Error())
+	}
+	workers, err := bus.ReadWorkers(ctx, ns)
+	if err != nil && !errors.Is(err, events.ErrNoState) {
+		sum.Unknown = append(sum.Unknown, "workers: "+err.Error())
+	}
+	for _, w := range workers {
+		if st.Time.Sub(w.Stored) < events.WorkerStale {
+			sum.Workers = append(sum.Workers, w)
+		}
 	}
 	errs, err := lastErrors(ctx, bus, ns, cfg.ErrorsSince)
 	if err != nil {
@@ -465,10 +479,28 @@ func WriteStatusText(w io.Writer, st *Status) error {
 		fmt.Fprintf(w, "held deletes: %d Services of %s whose devices vanished at once; each is deleted only if its device is still away after the hold's window (matbus errors --kind hold)\n",
 			s.HeldDeletes, plural(s.HeldInstances, "instance"))
 	}
+	if len(s.Workers) > 0 {
+		fmt.Fprintf(w, "workers: %s\n", workersText(s.Workers))
+	}
 	for _, u := range s.Unknown {
 		fmt.Fprintf(w, "unknown: %s\n", u)
 	}
 	return nil
+}
+
+// workersText is the workers line: each worker with its configuration's
+// fingerprint, e.g. "matbus-worker-7d9 (config 3f9a0c21d4e7), matbus-
+// worker-5c2 (config 81b2e07a9c10, STANDING BY for matbus-worker-7d9)".
+func workersText(ws []events.WorkerEntry) string {
+	parts := make([]string, len(ws))
+	for i, w := range ws {
+		parts[i] = fmt.Sprintf("%s (config %s", w.Name, w.Fingerprint)
+		if w.Standby {
+			parts[i] += ", STANDING BY for " + w.StandbyFor
+		}
+		parts[i] += ")"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // heldText is the HELD cell of hold h at now: "-" for none, "400 (all,

@@ -243,6 +243,24 @@ func TestWriteStatusTextHolds(t *testing.T) {
 	}
 }
 
+// TestWriteStatusTextWorkers: the workers line names each live worker
+// with its configuration, and which one stands by for whom.
+func TestWriteStatusTextWorkers(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	st := &Status{Time: now, Namespace: "ns", Summary: Summary{Services: -1, Workers: []events.WorkerEntry{
+		{WorkerState: events.WorkerState{Name: "w-old", Fingerprint: "aaaaaaaaaaaa", Standby: true, StandbyFor: "w-new"}, EpochOf: 3},
+		{WorkerState: events.WorkerState{Name: "w-new", Fingerprint: "bbbbbbbbbbbb"}, EpochOf: 9},
+	}}}
+	var b bytes.Buffer
+	if err := WriteStatusText(&b, st); err != nil {
+		t.Fatal(err)
+	}
+	want := "workers: w-old (config aaaaaaaaaaaa, STANDING BY for w-new), w-new (config bbbbbbbbbbbb)\n"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("status lacks %q:\n%s", want, b.String())
+	}
+}
+
 // TestStatusNoPipeline: a namespace without instance records and without
 // a discovery leader is ErrNoPipeline, naming the namespace and prefix it
 // looked in and the namespaces that have instances on that NATS; one with

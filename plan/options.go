@@ -1,7 +1,11 @@
 package plan
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -93,6 +97,23 @@ func (o Options) managedBy() string {
 		return DefaultManagedBy
 	}
 	return o.ManagedBy
+}
+
+// Fingerprint identifies what of o shapes the Services Build and Diff
+// write: the namespace, the managed-by value, the IP mode, the target
+// selector and StateAnnotations, each as Build and Diff read them (""
+// and DefaultManagedBy are one managed-by; "" and IPModeClusterIP one
+// mode). It is 12 lowercase hex digits of a SHA-256 over them. Two
+// workers with the same fingerprint write every Service alike; two with
+// different ones may undo each other's writes.
+func (o Options) Fingerprint() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "namespace=%q\nmanaged-by=%q\nip-mode=%q\nstate-annotations=%t\n", o.Namespace, o.managedBy(), o.ipMode(), o.StateAnnotations)
+	for _, k := range slices.Sorted(maps.Keys(o.TargetSelector)) {
+		fmt.Fprintf(&b, "selector %q=%q\n", k, o.TargetSelector[k])
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	return hex.EncodeToString(sum[:6])
 }
 
 // ipMode is IPModeExternalIP when set so, else IPModeClusterIP (the zero

@@ -30,6 +30,7 @@ type Metrics struct {
 	held          *prometheus.GaugeVec     // mat_instance
 	holdUntil     *prometheus.GaugeVec     // mat_instance
 	holds         *prometheus.CounterVec   // reason
+	standby       prometheus.Gauge
 }
 
 // instanceLabel names the MAT instance in the worker's per-instance series.
@@ -47,6 +48,7 @@ const instanceLabel = "mat_instance"
 //	matbus_worker_held_deletes{mat_instance}              gauge: Services whose deletes a hold keeps back now (0 once released); the series goes with the hold record
 //	matbus_worker_delete_hold_until_timestamp_seconds{mat_instance}  gauge: Unix time the hold of the instance's deletes ends, while its record exists (in force or released, until its deletes are done)
 //	matbus_worker_delete_holds_total{reason}               counter: holds this worker started, by reason (all, share, epoch)
+//	matbus_worker_standby                                  gauge: 1 while the worker stands by for a worker of another configuration that started later (it takes no jobs), else 0
 //
 // The instance's label is mat_instance, not instance: Prometheus gives every
 // scraped series the target's own instance label (the pod's address) and
@@ -80,8 +82,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "matbus", Subsystem: "worker", Name: "delete_holds_total",
 			Help: "Holds of mass deletes this worker started, by reason (all, share, epoch)."}, []string{"reason"}),
 	}
+	m.standby = prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "matbus", Subsystem: "worker", Name: "standby",
+		Help: "1 while the worker stands by (takes no jobs) for a worker with another configuration that started later, else 0."})
 	for _, c := range []prometheus.Collector{m.jobs, m.jobDuration, m.syncResults, m.fetchDuration, m.fetchFailures, m.lastSync, m.jobDelay,
-		m.held, m.holdUntil, m.holds} {
+		m.held, m.holdUntil, m.holds, m.standby} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -198,4 +202,16 @@ func (m *Metrics) holdStarted(reason string) {
 	if m != nil {
 		m.holds.WithLabelValues(reason).Inc()
 	}
+}
+
+// setStandby sets matbus_worker_standby.
+func (m *Metrics) setStandby(on bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.standby.Set(v)
 }

@@ -185,6 +185,7 @@ type Worker struct {
 	holds        *holdView  // the hold records of the namespace (watchHolds)
 	kvMu         sync.Mutex
 	kv           jetstream.KeyValue // the state bucket, once bound (stateKV)
+	handover     *handover          // with workers of another configuration (handover.go)
 
 	syncs, cleanups, unchanged, created, updated, recreated, deleted, deleteJobs, kept, failed atomic.Int64
 }
@@ -218,6 +219,7 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	w.instanceState = instanceState{memo: newMemo(), desired: newDesiredCache(), metrics: cfg.Metrics,
 		cache: NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })}
 	w.watch = kubewatch.New("services", report, log)
+	w.handover = newHandover(cfg.Name, cfg.Plan.Fingerprint(), cfg.Plan.Namespace, w.stateKV, cfg.Metrics, log)
 	return w, nil
 }
 
@@ -227,6 +229,12 @@ func (w *Worker) Cache() *ClientCache { return w.cache }
 // Ready reports whether the Service informer has synced and the consumers run.
 // Whether its list and watch calls succeed now is WatchHealth's Err.
 func (w *Worker) Ready() bool { return w.ready.Load() }
+
+// TakesJobs returns nil while the worker takes jobs, else why not: it
+// waits at start for workers of another configuration (another IP mode,
+// say) to stand by, or it stands by for one that started later (see
+// handover.go and docs/adr/0035-configuration-handover.md).
+func (w *Worker) TakesJobs() error { return w.handover.err() }
 
 // WatchHealth returns the tracker of the Service informer's list and watch
 // calls and of the clean-up's Service lists: its Err is nil while they
@@ -299,17 +307,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer cancelHard()
 
 	w.learnEpoch(ctx)
+	w.handover.start(ctx)
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
+	go func() { defer wg.Done(); w.handover.run(ctx) }()
 	go func() { defer wg.Done(); w.watchHolds(ctx) }()
 	go func() { defer wg.Done(); w.runInstances(ctx) }()
 	go func() {
 		defer wg.Done()
-		jobs.Run(ctx, hard, w.handleSync, w.jobOptions(events.SyncConsumer, w.cfg.Fetches))
+		jobs.Run(ctx, hard, w.handover.handler(w.handleSync), w.jobOptions(events.SyncConsumer, w.cfg.Fetches))
 	}()
 	go func() {
 		defer wg.Done()
-		jobs.Run(ctx, hard, w.handleDelete, w.jobOptions(events.DeleteConsumer, w.cfg.DeleteJobs))
+		jobs.Run(ctx, hard, w.handover.handler(w.handleDelete), w.jobOptions(events.DeleteConsumer, w.cfg.DeleteJobs))
 	}()
 	w.ready.Store(true)
 	w.log.Info("worker running", "worker", w.cfg.Name, "namespace", w.cfg.Plan.Namespace,
@@ -339,7 +349,7 @@ func (w *Worker) jobOptions(consumer string, slots int) jobs.Options {
 	o := jobs.Options{Name: consumer, Slots: slots, AckWait: w.bus.Config().AckWait, MaxDeliver: w.bus.Config().MaxDeliver,
 		Attach: func(ctx context.Context) (jetstream.Consumer, error) { return w.attach(ctx, consumer) },
 		Report: func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) },
-		Ended:  w.jobEnded, Cause: transientCause, Log: w.log}
+		Ended:  w.jobEnded, Cause: transientCause, Log: w.log, Paused: w.handover.paused}
 	if consumer == events.SyncConsumer {
 		o.OneAtATime, o.PerSubject, o.Superseded = true, true, w.superseded
 		o.Backlogged = func() bool { return w.applyWaiting.Load() > 0 }

@@ -65,6 +65,7 @@ worker_pub=(
   'mat.results.>'
   'mat.errors.>'
   '$KV.MAT_STATE.hold.>'
+  '$KV.MAT_STATE.worker.>'
   '$JS.API.INFO'
   '$JS.API.STREAM.INFO.MAT_INSTANCES'
   '$JS.API.STREAM.INFO.MAT_SYNC'

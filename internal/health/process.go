@@ -139,14 +139,15 @@ func DiscoveryReadiness(nc *nats.Conn, probe *APIProbe, watch *kubewatch.Tracker
 
 // WorkerReadiness: connected to NATS, the Kubernetes API answers, the
 // Service informer lists and watches (and the clean-up's lists succeed),
-// and the worker runs (its Service informer has synced and its consumers
-// run).
+// and the worker runs (its Service informer has synced, its consumers
+// run and it takes jobs: it does not stand by for a worker of another
+// configuration).
 func WorkerReadiness(nc *nats.Conn, probe *APIProbe, w *worker.Worker) Readiness {
 	return Readiness{NATS(nc), probe.Check(), Informer(w.WatchHealth()), Check{Name: "worker", Check: func() error {
 		if !w.Ready() {
 			return errors.New("the Service informer has not synced, or the job consumers are not running")
 		}
-		return nil
+		return w.TakesJobs()
 	}}}
 }
 

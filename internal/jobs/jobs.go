@@ -87,6 +87,11 @@ type Options struct {
 	// Backlogged, when set and true, holds back new pull requests
 	// (checked every backlogPoll).
 	Backlogged func() bool
+	// Paused, when set and true, holds back new pull requests (checked
+	// every backlogPoll) and hands every message that still arrives (from
+	// a request sent before) back at once, unrun: a nak without delay, so
+	// another worker takes it.
+	Paused func() bool
 	// AckWait is the consumer's ack wait: running and waiting jobs report
 	// progress every AckWait/3.
 	AckWait time.Duration
@@ -137,8 +142,9 @@ func Run(ctx, hard context.Context, h Handler, o Options) {
 	}
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
+	paused := func() bool { return o.Paused != nil && o.Paused() }
 	dispatch := func(msg jetstream.Msg) {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || paused() {
 			_ = msg.Nak()
 			sl.free()
 			return
@@ -158,7 +164,7 @@ func Run(ctx, hard context.Context, h Handler, o Options) {
 			// Then the jobs of this subject that arrived meanwhile (at
 			// most one waits); at shutdown they are left for redelivery.
 			for next := gate.done(msg.Subject()); next != nil; next = gate.done(msg.Subject()) {
-				if ctx.Err() != nil {
+				if ctx.Err() != nil || paused() {
 					_ = next.Nak()
 					continue
 				}
@@ -185,7 +191,11 @@ func Run(ctx, hard context.Context, h Handler, o Options) {
 			continue
 		}
 		delay = 100 * time.Millisecond
-		pull(ctx, log, cons, sl, batch, o.Backlogged, o.Window, dispatch)
+		hold := o.Backlogged
+		if o.Paused != nil {
+			hold = func() bool { return paused() || (o.Backlogged != nil && o.Backlogged()) }
+		}
+		pull(ctx, log, cons, sl, batch, hold, o.Window, dispatch)
 	}
 }
 
