@@ -58,7 +58,7 @@ func TestHandoverOnModeChange(t *testing.T) {
 		return err != nil, "takes jobs"
 	})
 	t.Logf("older worker: %v", old.TakesJobs())
-	_, bus := e.connect("reader")
+	nc, bus := e.connect("reader")
 	waitFor(t, "the older worker's entry marked standby for the newer", func() (bool, string) {
 		ws, err := bus.ReadWorkers(e.ctx, e.ns)
 		if err != nil || len(ws) != 2 {
@@ -67,6 +67,7 @@ func TestHandoverOnModeChange(t *testing.T) {
 		return ws[0].Name == "old-external-ip" && ws[0].Standby && ws[0].StandbyFor == "new-cluster-ip" &&
 			ws[1].Name == "new-cluster-ip" && !ws[1].Standby && ws[0].Fingerprint != ws[1].Fingerprint, fmt.Sprintf("%+v", ws)
 	})
+	nc.Close()
 	inForm("cluster-ip", isCluster)
 	before := old.Stats()
 	waitSyncs(t, newer, 6) // 3 s of syncs with both workers up
