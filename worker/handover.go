@@ -98,6 +98,7 @@ type handover struct {
 	log          *slog.Logger
 	metrics      *Metrics
 
+	started time.Time    // when start began: the start-up wait's origin
 	joined  atomic.Bool  // the start-up wait is over
 	standby atomic.Bool  // a newer configuration runs: take no jobs
 	running atomic.Int64 // jobs running here
@@ -202,26 +203,63 @@ func (h *handover) remove() {
 	}
 }
 
-// start announces the worker (bounded by 5 s) before its consumers start.
-// When the bucket cannot be written it runs as if alone (joined), and run
-// announces it later.
+// start announces the worker and reads the others' entries (bounded by
+// 5 s) before its consumers start, so that a worker with no one to wait
+// for takes jobs from its first pull. When the bucket cannot be written or
+// read it runs as if alone (joined), and run announces it later.
 func (h *handover) start(ctx context.Context) {
+	h.started = time.Now()
+	started := h.started
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	h.setReason("waiting for the state bucket to announce this worker")
-	if err := h.announce(actx); err != nil {
+	err := h.announce(actx)
+	if err == nil {
+		err = h.load(actx)
+	}
+	if err != nil {
 		h.log.Warn("worker not announced in the state bucket; it takes jobs without waiting for workers of another configuration to stand by", "error", err)
 		h.joined.Store(true)
 		return
 	}
 	h.setReason("waiting for the workers of another configuration to stand by")
+	if err := h.decide(actx, started); err != nil {
+		h.log.Debug("worker entry not written", "error", err)
+	}
+}
+
+// load reads every worker entry of the namespace into the view.
+func (h *handover) load(ctx context.Context) error {
+	kv, err := h.kv(ctx)
+	if err != nil {
+		return err
+	}
+	wa, err := kv.WatchFiltered(ctx, []string{events.StateWorkersIn(h.ns)}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = wa.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-wa.Updates():
+			if !ok {
+				return errors.New("watcher stopped")
+			}
+			if e == nil {
+				return nil
+			}
+			h.observe(e)
+		}
+	}
 }
 
 // run keeps the entry fresh, watches the others and stands by or resumes,
 // until ctx ends; then it removes the entry.
 func (h *handover) run(ctx context.Context) {
 	defer h.remove()
-	started := time.Now()
+	started := h.started
 	delay := time.Second
 	for ctx.Err() == nil {
 		err := h.watchOnce(ctx, started)

@@ -179,10 +179,11 @@ func TestStatus(t *testing.T) {
 	}
 	t.Logf("status:\n%s", text)
 	lines := strings.Split(strings.TrimSpace(text), "\n")
-	if code != 0 || len(lines) != 6 || !strings.HasPrefix(lines[0], "INSTANCE ") ||
+	if code != 0 || len(lines) != 7 || !strings.HasPrefix(lines[0], "INSTANCE ") ||
 		!strings.Contains(lines[1], "default.failing") || !strings.Contains(lines[1], "OUT (probe ") || !strings.Contains(lines[1], "0/0") ||
 		!pollText.MatchString(lines[2]) || !strings.Contains(lines[2], "6/1") || !strings.Contains(lines[2], " w1 ") ||
-		!strings.HasPrefix(lines[5], "3 instances, 14 Services; matbus-sync-default ") || !strings.Contains(lines[5], "discovery leader discovery/disc-1") {
+		!strings.HasPrefix(lines[5], "3 instances, 14 Services; matbus-sync-default ") || !strings.Contains(lines[5], "discovery leader discovery/disc-1") ||
+		!regexp.MustCompile(`^workers: w1 \(config [0-9a-f]{12}\)$`).MatchString(lines[6]) {
 		t.Errorf("status text: exit %d\n%s%s", code, text, errOut)
 	}
 }
