@@ -244,81 +244,47 @@ func (b *Bus) StateKV(ctx context.Context) (jetstream.KeyValue, error) {
 // ns is empty) by instance key. Entries that do not decode are skipped.
 // Errors: ErrNoState, or the bucket cannot be read.
 func (b *Bus) ReadHolds(ctx context.Context, ns string) (map[string]HoldRecord, error) {
-	kv, err := b.js.KeyValue(ctx, b.StateBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, ErrNoState
-	}
-	if err != nil {
-		return nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
-	}
-	w, err := kv.WatchFiltered(ctx, []string{StateHoldsIn(ns)}, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("events: read holds in %s: %w", b.StateBucket(), err)
-	}
-	defer func() { _ = w.Stop() }()
 	out := map[string]HoldRecord{}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("events: read holds in %s: %w", b.StateBucket(), ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("events: read holds in %s: watcher stopped", b.StateBucket())
-			}
-			if e == nil {
-				return out, nil
-			}
-			var h HoldRecord
-			if json.Unmarshal(e.Value(), &h) == nil && StateHoldKey(h.Key) == e.Key() {
-				out[h.Key] = h
-			}
+	err := b.readEntries(ctx, "read holds", []string{StateHoldsIn(ns)}, func(e jetstream.KeyValueEntry) {
+		var h HoldRecord
+		if json.Unmarshal(e.Value(), &h) == nil && StateHoldKey(h.Key) == e.Key() {
+			out[h.Key] = h
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
 
 // WorkerEntry is a worker's entry as ReadWorkers read it: the entry, its
-// epoch (WorkerEpoch) and when the bucket stored it (the server's clock).
+// epoch (WorkerEpoch), its revision and key, and when the bucket stored it
+// (the server's clock).
 type WorkerEntry struct {
 	WorkerState
-	EpochOf uint64    `json:"epoch_of"`
-	Stored  time.Time `json:"stored"`
+	EpochOf uint64 `json:"epoch_of"`
+	// Revision is the entry's bucket revision; Key its key.
+	Revision uint64    `json:"revision"`
+	Key      string    `json:"key"`
+	Stored   time.Time `json:"stored"`
 }
 
 // ReadWorkers returns the worker entries of namespace ns, sorted by epoch
 // (stale ones included: compare Stored with WorkerStale). Entries that do
 // not decode are skipped. Errors: ErrNoState, or the bucket cannot be read.
 func (b *Bus) ReadWorkers(ctx context.Context, ns string) ([]WorkerEntry, error) {
-	kv, err := b.js.KeyValue(ctx, b.StateBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, ErrNoState
-	}
-	if err != nil {
-		return nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
-	}
-	w, err := kv.WatchFiltered(ctx, []string{StateWorkersIn(ns)}, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("events: read workers in %s: %w", b.StateBucket(), err)
-	}
-	defer func() { _ = w.Stop() }()
 	var out []WorkerEntry
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("events: read workers in %s: %w", b.StateBucket(), ctx.Err())
-		case e, ok := <-w.Updates():
-			if !ok {
-				return nil, fmt.Errorf("events: read workers in %s: watcher stopped", b.StateBucket())
-			}
-			if e == nil {
-				slices.SortFunc(out, func(a, b WorkerEntry) int { return cmp.Compare(a.EpochOf, b.EpochOf) })
-				return out, nil
-			}
-			var s WorkerState
-			if json.Unmarshal(e.Value(), &s) == nil && s.Fingerprint != "" {
-				out = append(out, WorkerEntry{WorkerState: s, EpochOf: WorkerEpoch(s, e.Revision()), Stored: e.Created()})
-			}
+	err := b.readEntries(ctx, "read workers", []string{StateWorkersIn(ns)}, func(e jetstream.KeyValueEntry) {
+		var s WorkerState
+		if json.Unmarshal(e.Value(), &s) == nil && s.Fingerprint != "" {
+			out = append(out, WorkerEntry{WorkerState: s, EpochOf: WorkerEpoch(s, e.Revision()), Revision: e.Revision(), Key: e.Key(), Stored: e.Created()})
 		}
+	})
+	if err != nil {
+		return nil, err
 	}
+	slices.SortFunc(out, func(a, b WorkerEntry) int { return cmp.Compare(a.EpochOf, b.EpochOf) })
+	return out, nil
 }
 
 // EnsureState creates the state bucket, or updates it to one value per
@@ -352,46 +318,60 @@ var ErrNoState = errors.New("events: no state bucket")
 // (nil when none wrote one). Entries that do not decode are skipped.
 // Errors: ErrNoState, or the bucket cannot be read.
 func (b *Bus) ReadState(ctx context.Context, ns string) (map[string]InstanceState, *LeaderState, error) {
-	kv, err := b.js.KeyValue(ctx, b.StateBucket())
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil, ErrNoState
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
-	}
 	filter := StateInstancesIn(ns)
 	if ns == "" {
 		filter = "instance.>"
 	}
-	w, err := kv.WatchFiltered(ctx, []string{filter, StateLeaderKey(ns)}, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, nil, fmt.Errorf("events: read state bucket %s: %w", b.StateBucket(), err)
-	}
-	defer func() { _ = w.Stop() }()
 	states := map[string]InstanceState{}
 	var leader *LeaderState
+	err := b.readEntries(ctx, "read state bucket", []string{filter, StateLeaderKey(ns)}, func(e jetstream.KeyValueEntry) {
+		if strings.HasPrefix(e.Key(), "leader.") {
+			var l LeaderState
+			if json.Unmarshal(e.Value(), &l) == nil {
+				leader = &l
+			}
+			return
+		}
+		var s InstanceState
+		if json.Unmarshal(e.Value(), &s) == nil && StateInstanceKey(s.Key) == e.Key() {
+			states[s.Key] = s
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return states, leader, nil
+}
+
+// readEntries calls each with every current entry of the state bucket
+// under filters (deletes left out), in bucket order, and returns once all
+// were delivered. Errors: ErrNoState, or the bucket cannot be read (what
+// names the read in the error).
+func (b *Bus) readEntries(ctx context.Context, what string, filters []string, each func(jetstream.KeyValueEntry)) error {
+	kv, err := b.js.KeyValue(ctx, b.StateBucket())
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return ErrNoState
+	}
+	if err != nil {
+		return fmt.Errorf("events: state bucket %s: %w", b.StateBucket(), err)
+	}
+	w, err := kv.WatchFiltered(ctx, filters, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("events: %s in %s: %w", what, b.StateBucket(), err)
+	}
+	defer func() { _ = w.Stop() }()
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, nil, fmt.Errorf("events: read state bucket %s: %w", b.StateBucket(), ctx.Err())
+			return fmt.Errorf("events: %s in %s: %w", what, b.StateBucket(), ctx.Err())
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil, nil, fmt.Errorf("events: read state bucket %s: watcher stopped", b.StateBucket())
+				return fmt.Errorf("events: %s in %s: watcher stopped", what, b.StateBucket())
 			}
-			if e == nil { // every current value delivered
-				return states, leader, nil
+			if e == nil { // every current entry delivered
+				return nil
 			}
-			if strings.HasPrefix(e.Key(), "leader.") {
-				var l LeaderState
-				if json.Unmarshal(e.Value(), &l) == nil {
-					leader = &l
-				}
-				continue
-			}
-			var s InstanceState
-			if json.Unmarshal(e.Value(), &s) == nil && StateInstanceKey(s.Key) == e.Key() {
-				states[s.Key] = s
-			}
+			each(e)
 		}
 	}
 }

@@ -95,6 +95,7 @@ func olderConfig(fp string, epoch uint64, peers []peer, now time.Time) []peer {
 type handover struct {
 	name, fp, ns string
 	kv           func(context.Context) (jetstream.KeyValue, error)
+	read         func(ctx context.Context, ns string) ([]events.WorkerEntry, error) // events.Bus.ReadWorkers
 	log          *slog.Logger
 	metrics      *Metrics
 
@@ -111,8 +112,8 @@ type handover struct {
 	written events.WorkerState
 }
 
-func newHandover(name, fp, ns string, kv func(context.Context) (jetstream.KeyValue, error), m *Metrics, log *slog.Logger) *handover {
-	return &handover{name: name, fp: fp, ns: ns, kv: kv, log: log, metrics: m, peers: map[string]peer{}}
+func newHandover(name, fp, ns string, bus *events.Bus, kv func(context.Context) (jetstream.KeyValue, error), m *Metrics, log *slog.Logger) *handover {
+	return &handover{name: name, fp: fp, ns: ns, kv: kv, read: bus.ReadWorkers, log: log, metrics: m, peers: map[string]peer{}}
 }
 
 // paused reports whether the consumers take no jobs now.
@@ -230,48 +231,25 @@ func (h *handover) start(ctx context.Context) {
 
 // load reads every worker entry of the namespace into the view.
 func (h *handover) load(ctx context.Context) error {
-	kv, err := h.kv(ctx)
-	if err != nil {
+	entries, err := h.read(ctx, h.ns)
+	if err != nil && !errors.Is(err, events.ErrNoState) {
 		return err
 	}
-	wa, err := kv.WatchFiltered(ctx, []string{events.StateWorkersIn(h.ns)}, jetstream.IgnoreDeletes())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = wa.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-wa.Updates():
-			if !ok {
-				return errors.New("watcher stopped")
-			}
-			if e == nil {
-				return nil
-			}
-			h.observe(e)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, e := range entries {
+		if e.Key != events.StateWorkerKey(h.ns, h.name) {
+			h.peers[e.Key] = peer{state: e.WorkerState, epoch: e.EpochOf, rev: e.Revision, seen: e.Stored}
 		}
 	}
+	return nil
 }
 
 // run keeps the entry fresh, watches the others and stands by or resumes,
 // until ctx ends; then it removes the entry.
 func (h *handover) run(ctx context.Context) {
 	defer h.remove()
-	started := h.started
-	delay := time.Second
-	for ctx.Err() == nil {
-		err := h.watchOnce(ctx, started)
-		if ctx.Err() != nil {
-			return
-		}
-		h.log.Debug("worker watch ended; starting again", "error", err, "retry_in", delay)
-		if !jobs.Sleep(ctx, delay) {
-			return
-		}
-		delay = min(delay*2, 30*time.Second)
-	}
+	keepWatching(ctx, h.log, "worker watch", func(ctx context.Context) error { return h.watchOnce(ctx, h.started) })
 }
 
 func (h *handover) watchOnce(ctx context.Context, started time.Time) error {

@@ -403,13 +403,20 @@ func (w *Worker) holdDue(key string) bool {
 // of the worker's namespace until ctx ends, watching the state bucket and
 // starting again (after a pause) when the watch fails.
 func (w *Worker) watchHolds(ctx context.Context) {
+	keepWatching(ctx, w.log, "hold watch", w.watchHoldsOnce)
+}
+
+// keepWatching runs once until ctx ends, starting it again after a pause
+// (1 s, doubling up to 30 s) whenever it returns early; what names it in
+// the debug log line of each restart.
+func keepWatching(ctx context.Context, log *slog.Logger, what string, once func(context.Context) error) {
 	delay := time.Second
 	for ctx.Err() == nil {
-		err := w.watchHoldsOnce(ctx)
+		err := once(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		w.log.Debug("hold watch ended; starting again", "error", err, "retry_in", delay)
+		log.Debug(what+" ended; starting again", "error", err, "retry_in", delay)
 		if !jobs.Sleep(ctx, delay) {
 			return
 		}

@@ -219,7 +219,7 @@ func New(cfg Config, bus *events.Bus, kube kubernetes.Interface, factory ClientF
 	w.instanceState = instanceState{memo: newMemo(), desired: newDesiredCache(), metrics: cfg.Metrics,
 		cache: NewClientCache(factory, func(ctx context.Context, e events.Error) { w.report.Report(ctx, e) })}
 	w.watch = kubewatch.New("services", report, log)
-	w.handover = newHandover(cfg.Name, cfg.Plan.Fingerprint(), cfg.Plan.Namespace, w.stateKV, cfg.Metrics, log)
+	w.handover = newHandover(cfg.Name, cfg.Plan.Fingerprint(), cfg.Plan.Namespace, bus, w.stateKV, cfg.Metrics, log)
 	return w, nil
 }
 
