@@ -258,41 +258,64 @@ func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 	if services != nil {
 		sum.Services = 0
 	}
+	st.fillRows(rowSources{states: states, errs: errs, holds: holds, services: services, published: published})
+	st.readConsumers(ctx, bus)
+	return st, nil
+}
+
+// rowSources are the per-instance readings ReadStatus joins into its rows,
+// each keyed by instance key (services by its label value); a nil map is a
+// source that was not read.
+type rowSources struct {
+	states    map[string]events.InstanceState
+	errs      map[string]ErrorSummary
+	holds     map[string]events.HoldRecord
+	services  map[string]ServiceCount
+	published map[string]bool
+}
+
+// fillRows joins src into st's rows and adds the held deletes and the
+// Services to st's summary.
+func (st *Status) fillRows(src rowSources) {
 	for i := range st.Rows {
 		r := &st.Rows[i]
-		if s, ok := states[r.Instance]; ok {
+		if s, ok := src.states[r.Instance]; ok {
 			r.State = &s
 		}
-		if e, ok := errs[r.Instance]; ok {
+		if e, ok := src.errs[r.Instance]; ok {
 			r.LastError = &e
 		}
-		if h, ok := holds[r.Instance]; ok {
+		if h, ok := src.holds[r.Instance]; ok {
 			r.Hold = holdSummary(h)
 			if h.InForce() {
-				sum.HeldDeletes += h.Held
-				sum.HeldInstances++
+				st.Summary.HeldDeletes += h.Held
+				st.Summary.HeldInstances++
 			}
 		}
-		if services != nil {
-			c := services[plan.LabelValue(r.Instance)]
+		if src.services != nil {
+			c := src.services[plan.LabelValue(r.Instance)]
 			r.Services = &c
-			sum.Services += c.BMC + c.NVOS
+			st.Summary.Services += c.BMC + c.NVOS
 		}
-		if published != nil {
+		if src.published != nil {
 			_, name, _ := strings.Cut(r.Instance, ".")
-			p := published[name]
+			p := src.published[name]
 			r.Published = &p
 		}
 	}
+}
+
+// readConsumers adds the job consumers' backlogs to st's summary; a consumer
+// that cannot be read is listed under Unknown.
+func (st *Status) readConsumers(ctx context.Context, bus *events.Bus) {
 	for _, role := range []string{events.SyncConsumer, events.DeleteConsumer} {
 		info, err := bus.ConsumerInfo(ctx, role)
 		if err != nil {
-			sum.Unknown = append(sum.Unknown, err.Error())
+			st.Summary.Unknown = append(st.Summary.Unknown, err.Error())
 			continue
 		}
-		sum.Consumers = append(sum.Consumers, ConsumerStatus{Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending})
+		st.Summary.Consumers = append(st.Summary.Consumers, ConsumerStatus{Name: info.Name, Pending: info.NumPending, AckPending: info.NumAckPending})
 	}
-	return st, nil
 }
 
 // lastErrors reads the error events of the last since (0: 1 h) and returns

@@ -212,6 +212,13 @@ func TestTable(t *testing.T) {
 	if strings.Contains(out, "repetitions") || strings.Contains(out, "interrupted (") {
 		t.Errorf("one complete repetition described as several or as interrupted:\n%s", out)
 	}
+	if strings.Contains(out, "a worker's requests") {
+		t.Errorf("a raw floor described as sending a worker's requests:\n%s", out)
+	}
+	r.Config.FloorAsWorker = true
+	if out := r.table(); !strings.Contains(out, "50 calls in flight sending a worker's requests (protobuf, deletes with UID and resourceVersion preconditions) under two Service watches") {
+		t.Errorf("--floor-as-worker is not described in the floor line:\n%s", out)
+	}
 	r.Interrupted = "interrupt signal received"
 	if out := r.table(); !strings.Contains(out, "**interrupted** (interrupt signal received)") {
 		t.Errorf("an interrupted run is not marked:\n%s", out)

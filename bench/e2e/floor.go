@@ -25,17 +25,30 @@ func floorServices(ns string, base []*matsim.Fleet) []*corev1.Service {
 	return out
 }
 
-// floorCreate creates svcs with k calls in flight.
+// floorCreate creates svcs with k calls in flight. It sets each created
+// Service's UID and resourceVersion in svcs, for floorDelete's
+// preconditions.
 func floorCreate(ctx context.Context, kube kubernetes.Interface, svcs []*corev1.Service, k int) load.Timed {
 	return load.InParallel(ctx, k, len(svcs), func(ctx context.Context, i int) error {
-		_, err := kube.CoreV1().Services(svcs[i].Namespace).Create(ctx, svcs[i], metav1.CreateOptions{})
+		got, err := kube.CoreV1().Services(svcs[i].Namespace).Create(ctx, svcs[i], metav1.CreateOptions{})
+		if err == nil {
+			svcs[i].UID, svcs[i].ResourceVersion = got.UID, got.ResourceVersion
+		}
 		return err
 	})
 }
 
-// floorDelete deletes svcs (by name) with k calls in flight.
-func floorDelete(ctx context.Context, kube kubernetes.Interface, svcs []*corev1.Service, k int) load.Timed {
+// floorDelete deletes svcs (by name) with k calls in flight. With
+// preconditions, each delete carries its Service's UID and resourceVersion
+// as preconditions, as a worker's delete job does (a Service without a UID
+// is deleted without them).
+func floorDelete(ctx context.Context, kube kubernetes.Interface, svcs []*corev1.Service, k int, preconditions bool) load.Timed {
 	return load.InParallel(ctx, k, len(svcs), func(ctx context.Context, i int) error {
-		return kube.CoreV1().Services(svcs[i].Namespace).Delete(ctx, svcs[i].Name, metav1.DeleteOptions{})
+		var opts metav1.DeleteOptions
+		if preconditions && svcs[i].UID != "" {
+			uid, rv := svcs[i].UID, svcs[i].ResourceVersion
+			opts.Preconditions = &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}
+		}
+		return kube.CoreV1().Services(svcs[i].Namespace).Delete(ctx, svcs[i].Name, opts)
 	})
 }

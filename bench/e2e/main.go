@@ -41,6 +41,7 @@ type config struct {
 	WorkerArgs    []string      `json:"worker_args,omitempty"`
 	DiscoveryArgs []string      `json:"discovery_args,omitempty"`
 	InFlight      int           `json:"floor_in_flight"`
+	FloorAsWorker bool          `json:"floor_as_worker,omitempty"`
 	Repeat        int           `json:"repeat"`
 	Seed          int64         `json:"seed"`
 	Neighbour     bool          `json:"neighbour"`
@@ -73,6 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&workerArgs, "worker-args", "", "extra flags for every `matbus worker`, space separated")
 	fs.StringVar(&discoveryArgs, "discovery-args", "", "extra flags for `matbus discovery`, space separated")
 	fs.IntVar(&c.InFlight, "floor-in-flight", 50, "calls in flight of the raw client-go floor")
+	fs.BoolVar(&c.FloorAsWorker, "floor-as-worker", false, "the floor sends its requests as a worker does (protobuf; each delete with its Service's UID and "+
+		"resourceVersion as preconditions) while two Service watches follow its namespace (the harness's and one like a worker's informer), as in a round")
 	fs.IntVar(&c.Repeat, "repeat", 1, "run the floor and the rounds this many times, alternating (floor, rounds, floor, rounds, …); "+
 		"each cell is then the median over the repetitions and its ratio the median of each repetition's value ÷ that repetition's floor")
 	fs.Int64Var(&c.Seed, "seed", 1, "seed of the fleets and of the reaction changes")
@@ -366,6 +369,10 @@ func (b *bench) clients() error {
 	}
 	raw := wrap(b.cluster.RESTConfig())
 	raw.QPS = -1 // no client-side rate limit
+	if b.cfg.FloorAsWorker {
+		raw.ContentType = watch.ContentType
+		raw.AcceptContentTypes = watch.AcceptContentTypes
+	}
 	b.raw, err = kubernetes.NewForConfig(raw)
 	return err
 }
@@ -401,6 +408,15 @@ func (b *bench) floor(ctx context.Context, rep int) error {
 	svcs := floorServices(ns, b.fleets.base)
 	f := &floorResult{Services: len(svcs), Repeat: rep}
 	b.result.Floors = append(b.result.Floors, f)
+	if b.cfg.FloorAsWorker {
+		wctx, stop := context.WithCancel(ctx)
+		defer stop() // ends both watches
+		for _, kube := range []kubernetes.Interface{b.watch, b.raw} {
+			if _, err := startTracker(wctx, kube, ns); err != nil {
+				return err
+			}
+		}
+	}
 	cctx, cancel := context.WithTimeout(ctx, b.cfg.Timeout)
 	ccpu, _ := b.sampleCPU()
 	prof := b.profile(cctx, fmt.Sprintf("r%d floor create", rep))
@@ -416,7 +432,7 @@ func (b *bench) floor(ctx context.Context, rep int) error {
 	req0, _ := b.scrape(ctx)
 	cpu0, _ := b.sampleCPU()
 	prof = b.profile(dctx, fmt.Sprintf("r%d floor delete", rep))
-	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight)
+	f.Delete = floorDelete(dctx, b.raw, svcs, b.cfg.InFlight, b.cfg.FloorAsWorker)
 	f.DeleteCPU = cpu0.Since(f.Delete.Seconds)
 	prof()
 	cancel()
@@ -454,7 +470,7 @@ func (b *bench) cleanNamespace(ns string) {
 			for i := range list.Items {
 				items[i] = &list.Items[i]
 			}
-			floorDelete(ctx, b.raw, items, b.cfg.InFlight)
+			floorDelete(ctx, b.raw, items, b.cfg.InFlight, false)
 			continue
 		}
 		select {

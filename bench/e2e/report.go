@@ -410,8 +410,12 @@ func (r *result) table() string {
 	if len(c.WorkerArgs) > 0 || len(c.DiscoveryArgs) > 0 {
 		fmt.Fprintf(&b, "- extra flags: worker %q, discovery %q\n", strings.Join(c.WorkerArgs, " "), strings.Join(c.DiscoveryArgs, " "))
 	}
-	fmt.Fprintf(&b, "- floor: raw client-go on the same API server, %d calls in flight, no client-side rate limit; "+
-		"row 6's floor is the API server with no matbus process running; ratio = value ÷ floor\n", c.InFlight)
+	asWorker := ""
+	if c.FloorAsWorker {
+		asWorker = " sending a worker's requests (protobuf, deletes with UID and resourceVersion preconditions) under two Service watches"
+	}
+	fmt.Fprintf(&b, "- floor: raw client-go on the same API server, %d calls in flight%s, no client-side rate limit; "+
+		"row 6's floor is the API server with no matbus process running; ratio = value ÷ floor\n", c.InFlight, asWorker)
 	if r.Interrupted != "" {
 		fmt.Fprintf(&b, "- **interrupted** (%s): the table holds what was measured until then\n", r.Interrupted)
 	}
