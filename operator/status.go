@@ -254,10 +254,6 @@ func ReadStatus(ctx context.Context, cfg StatusConfig) (*Status, error) {
 			sum.Unknown = append(sum.Unknown, "sources API: "+err.Error())
 		}
 	}
-	sum.Services = -1
-	if services != nil {
-		sum.Services = 0
-	}
 	st.fillRows(rowSources{states: states, errs: errs, holds: holds, services: services, published: published})
 	st.readConsumers(ctx, bus)
 	return st, nil
@@ -274,9 +270,13 @@ type rowSources struct {
 	published map[string]bool
 }
 
-// fillRows joins src into st's rows and adds the held deletes and the
-// Services to st's summary.
+// fillRows joins src into st's rows and totals the held deletes and the
+// Services in st's summary (Services is -1 when they were not counted).
 func (st *Status) fillRows(src rowSources) {
+	st.Summary.Services = -1
+	if src.services != nil {
+		st.Summary.Services = 0
+	}
 	for i := range st.Rows {
 		r := &st.Rows[i]
 		if s, ok := src.states[r.Instance]; ok {
